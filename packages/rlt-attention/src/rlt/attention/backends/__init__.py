@@ -1,0 +1,1 @@
+"""Attention backends. Each module is one backend; GPU ones import their kernels lazily."""

@@ -1,0 +1,1 @@
+"""The loop-level engine: requests, scheduler, executor, sampler, exit policy, LLMEngine, LLM."""

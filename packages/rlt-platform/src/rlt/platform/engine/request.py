@@ -1,0 +1,91 @@
+"""Host-side state of one request. Device state (hidden states, exit accumulators) is not here:
+the executor owns it in slot tables.
+
+A request runs as a sequence of *chunks*: contiguous position ranges, each taken through its loops
+one depth per step. The prompt is one chunk (full prefill) or, in SHARED layout, one chunk per
+position; every generated token is a one-position chunk. When a chunk exits, it is sampled from if
+it ends the prompt or is a decode chunk.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import attrs
+
+from rlt.platform.checkpoint.tokenizer import IncrementalDetokenizer
+from rlt.platform.outputs import TokenLogprob
+from rlt.platform.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@attrs.define(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    #: resolved limits
+    max_tokens: int
+    max_loops: int
+    min_loops: int
+    exit_threshold: float
+    stop_token_ids: frozenset[int]
+    arrival_index: int
+    prompt_text: str | None = None
+    arrival_time: float = attrs.field(factory=time.monotonic)
+    status: RequestStatus = RequestStatus.WAITING
+    slot: int = -1
+    #: the chunk being run: positions [chunk_start, chunk_start + chunk_len) at depth ``depth``.
+    chunk_start: int = 0
+    chunk_len: int = 0
+    depth: int = 0
+    output_token_ids: list[int] = attrs.field(factory=list)
+    exit_depths: list[int] = attrs.field(factory=list)
+    logprobs: list[TokenLogprob] = attrs.field(factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    error: str | None = None
+    detok: IncrementalDetokenizer | None = None
+    text: str = ""
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    #: bookkeeping for incremental outputs
+    reported_tokens: int = 0
+    reported_text: int = 0
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def in_prompt(self) -> bool:
+        return self.chunk_start < self.num_prompt
+
+    @property
+    def chunk_samples(self) -> bool:
+        """Whether this chunk, when it exits, produces a token."""
+        return self.chunk_start + self.chunk_len >= self.num_prompt
+
+    @property
+    def chunk_adaptive(self) -> bool:
+        return not self.in_prompt and self.exit_threshold < 1.0
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def max_positions(self) -> int:
+        """Positions whose KV this request can ever write (the last sampled token never enters KV)."""
+        return self.num_prompt + self.max_tokens - 1

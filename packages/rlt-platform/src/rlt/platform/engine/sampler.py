@@ -1,0 +1,133 @@
+"""Token sampling, vectorised over the batch.
+
+Greedy rows take the argmax. Random rows use the Gumbel-max trick with counter-based noise: the
+noise for (request seed, generation step, vocabulary id) is a hash, so a seeded request draws the
+same tokens whatever else is in the batch, on any device, with no per-request generator objects.
+Requests without a seed get a random one at admission. top-k and top-p filter the logits first;
+min_tokens suppresses the request's stop tokens until it has produced enough tokens.
+
+Logprobs are of the raw model distribution (log-softmax of the logits before temperature and
+filtering), as vLLM reports them by default.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche hash (lowbias32) on int64 lanes holding values < 2**32."""
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seed_lo: torch.Tensor, seed_hi: torch.Tensor, step: torch.Tensor, vocab: int) -> torch.Tensor:
+    """U(0,1) noise ``[M, vocab]`` determined by (seed, step, vocab id) only."""
+    ids = torch.arange(vocab, device=seed_lo.device, dtype=torch.int64)[None, :]
+    x = _mix32(seed_lo[:, None] ^ _mix32(seed_hi[:, None] + 0x9E3779B9))
+    x = _mix32(x ^ _mix32(step[:, None] * 0x85EBCA6B + 0x632BE5AB))
+    x = _mix32(x ^ _mix32(ids + 0x27D4EB2F))
+    return (x.double() + 0.5) / 4294967296.0
+
+
+@attrs.frozen(eq=False)
+class SamplingBatch:
+    """Per-row sampling parameters of the rows that sample this step (device tensors)."""
+
+    temperature: torch.Tensor  # [M] fp32; 0 = greedy
+    top_p: torch.Tensor  # [M] fp32
+    top_k: torch.Tensor  # [M] int64; 0 = off
+    seed_lo: torch.Tensor  # [M] int64
+    seed_hi: torch.Tensor  # [M] int64
+    step: torch.Tensor  # [M] int64, tokens generated so far
+    suppress: torch.Tensor | None  # [M, S] int64 token ids to ban (-1 = none), or None
+    all_greedy: bool
+    any_top: bool
+    max_logprobs: int  # -1: none requested
+
+
+@attrs.frozen(eq=False)
+class SampleResult:
+    token_ids: torch.Tensor  # [M] int64
+    logprobs: torch.Tensor | None  # [M] fp32 chosen-token logprob
+    top_ids: torch.Tensor | None  # [M, K]
+    top_logprobs: torch.Tensor | None  # [M, K]
+
+
+def _apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    k = torch.where(top_k > 0, top_k.clamp_max(vocab), torch.full_like(top_k, vocab))
+    rank = torch.arange(vocab, device=logits.device)[None, :]
+    drop = rank >= k[:, None]
+    probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass strictly before each token
+    drop |= before >= top_p[:, None]
+    drop[:, 0] = False
+    filtered = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, filtered)
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
+    """Sample one token per row of ``logits [M, vocab]`` (float32)."""
+    logits = logits.float()
+    raw = logits
+    if batch.suppress is not None:
+        ban = batch.suppress.clamp_min(0)
+        banned = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ban, batch.suppress >= 0)
+        logits = logits.masked_fill(banned, float("-inf"))
+    greedy = logits.argmax(dim=-1)
+    if batch.all_greedy:
+        tokens = greedy
+    else:
+        temp = batch.temperature.clamp_min(1e-6)[:, None]
+        scaled = logits / temp
+        if batch.any_top:
+            scaled = _apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
+        u = uniform_noise(batch.seed_lo, batch.seed_hi, batch.step, logits.shape[-1])
+        gumbel = -torch.log(-torch.log(u))
+        drawn = (scaled.double() + gumbel).argmax(dim=-1)
+        tokens = torch.where(batch.temperature > 0, drawn, greedy)
+    lp = top_ids = top_lp = None
+    if batch.max_logprobs >= 0:
+        logp = torch.log_softmax(raw, dim=-1)
+        lp = logp.gather(1, tokens[:, None]).squeeze(1)
+        if batch.max_logprobs > 0:
+            top_lp, top_ids = logp.topk(batch.max_logprobs, dim=-1)
+    return SampleResult(tokens, lp, top_ids, top_lp)
+
+
+def split_seed(seed: int) -> tuple[int, int]:
+    s = seed % 2**64
+    return s & _M32, s >> 32
+
+
+def build_sampling_batch(table, slots: np.ndarray, device: torch.device) -> SamplingBatch:
+    """Gather the sampling parameters of ``slots`` from the host slot table (no per-row Python)."""
+    temp = table.temperature[slots]
+    top_p = table.top_p[slots]
+    top_k = table.top_k[slots]
+    generated = table.num_generated[slots]
+    suppress = None
+    if table.stop_ids.shape[1]:
+        needs = generated < table.min_tokens[slots]
+        if needs.any():
+            ids = table.stop_ids[slots].copy()
+            ids[~needs] = -1
+            suppress = torch.from_numpy(ids).to(device)
+    lp = table.logprobs[slots]
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    return SamplingBatch(
+        temperature=t(temp), top_p=t(top_p), top_k=t(top_k), seed_lo=t(table.seed_lo[slots]),
+        seed_hi=t(table.seed_hi[slots]), step=t(generated), suppress=suppress,
+        all_greedy=bool((temp == 0).all()), any_top=bool(((top_k > 0) | (top_p < 1.0)).any()),
+        max_logprobs=int(lp.max()) if len(lp) else -1,
+    )

@@ -1,0 +1,97 @@
+"""Per-request sampling and depth parameters, validated at construction.
+
+Defaults follow vLLM (temperature 1.0, top_p 1.0, top_k off, max_tokens 16). rlt adds the loop
+controls: ``min_loops`` / ``max_loops`` bound the loops a generated token may run, and
+``exit_threshold`` τ turns on adaptive exit (τ >= 1, the default, is fixed full depth).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import attrs
+
+from rlt.platform.errors import InvalidRequestError
+
+MAX_LOGPROBS = 20
+_U64 = 2**64
+
+
+def _fail(field: str, message: str):
+    raise InvalidRequestError(f"{field}: {message}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@attrs.frozen
+class SamplingParams:
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    stop: tuple[str, ...] = attrs.field(
+        default=(), converter=lambda s: (s,) if isinstance(s, str) else tuple(s or ())
+    )
+    ignore_eos: bool = False
+    min_loops: int = 1
+    max_loops: int | None = None
+    exit_threshold: float | None = None
+    priority: int = 0
+    #: None: no logprobs; 0: the chosen token's logprob; k: also the top-k alternatives.
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            _fail("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            _fail("min_tokens", f"must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            _fail("min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if not _is_num(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            _fail("temperature", f"must be a finite number >= 0, got {self.temperature!r}")
+        if not _is_num(self.top_p) or not (0.0 < self.top_p <= 1.0):
+            _fail("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            _fail("top_k", f"must be -1, 0 (off) or a positive integer, got {self.top_k!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not (-(2**63) <= self.seed < _U64)):
+            _fail("seed", f"must be an integer in the 64-bit range, got {self.seed!r}")
+        for t in self.stop_token_ids:
+            if not _is_int(t) or t < 0:
+                _fail("stop_token_ids", f"must be non-negative integers, got {t!r}")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                _fail("stop", f"stop strings must be non-empty strings, got {s!r}")
+        if not _is_int(self.min_loops) or self.min_loops < 1:
+            _fail("min_loops", f"must be an integer >= 1, got {self.min_loops!r}")
+        if self.max_loops is not None and (not _is_int(self.max_loops) or self.max_loops < self.min_loops):
+            _fail("max_loops", f"must be an integer >= min_loops ({self.min_loops}), got {self.max_loops!r}")
+        if self.exit_threshold is not None and (
+            not _is_num(self.exit_threshold) or not (0.0 <= self.exit_threshold <= 1.0)
+        ):
+            _fail("exit_threshold", f"must be in [0, 1], got {self.exit_threshold!r}")
+        if not _is_int(self.priority):
+            _fail("priority", f"must be an integer, got {self.priority!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            _fail("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def with_(self, **changes) -> "SamplingParams":
+        return attrs.evolve(self, **changes)
+
+
+def ensure_list(value: Sequence | None) -> list:
+    return list(value or [])
