@@ -1,0 +1,188 @@
+"""The feature contract and its composition.
+
+A feature package registers :class:`Feature` values in the entry-point group ``rlt.features``
+(the entry point loads either a Feature or a zero-argument callable returning a list of them).
+A feature declares its name, the platform capabilities it requires, its options (an attrs class:
+the CLI flags are generated from its fields) and how it installs itself into the engine being
+built (:class:`EngineBuilder`: replace the executor factory, wrap the scheduler, contribute HTTP
+routes...).
+
+``rlt.platform`` never imports a feature package: it discovers what is installed, drops what the
+platform cannot run (recording why), and installs the rest in a stable order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import logging
+from typing import Any, Callable, Iterable
+
+import attrs
+
+from rlt.platform.platforms import Capability, Platform
+
+log = logging.getLogger("rlt.features")
+ENTRY_POINT_GROUP = "rlt.features"
+
+
+@attrs.define
+class EngineBuilder:
+    """What features may change before the engine is built (and the HTTP app, if any)."""
+
+    platform: Platform
+    engine_options: dict[str, Any] = attrs.field(factory=dict)
+    executor_factory: Callable | None = None
+    engine_hooks: list[Callable[[Any], None]] = attrs.field(factory=list)  # called with the built engine
+    http_routers: list[Any] = attrs.field(factory=list)
+    notes: list[str] = attrs.field(factory=list)
+
+    def build_engine(self, config):
+        from rlt.platform.engine.engine import LLMEngine
+
+        engine = LLMEngine(config, platform=self.platform, executor_factory=self.executor_factory)
+        for hook in self.engine_hooks:
+            hook(engine)
+        return engine
+
+
+@attrs.frozen
+class Feature:
+    name: str
+    package: str
+    description: str
+    requires: frozenset[Capability] = attrs.field(default=frozenset(), converter=frozenset)
+    #: attrs class of options (each field becomes ``--<feature>-<field>`` unless it has metadata "flag").
+    options: type | None = None
+    #: install(builder, options) applies the feature.
+    install: Callable[[EngineBuilder, Any], None] | None = None
+    enabled_by_default: bool = True
+
+    def missing(self, platform: Platform) -> frozenset[Capability]:
+        return frozenset(c for c in self.requires if not platform.has(c))
+
+
+@attrs.frozen
+class FeatureStatus:
+    name: str
+    package: str
+    installed: bool
+    available: bool
+    enabled: bool
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def discover_features(entry_points: Iterable | None = None) -> list[Feature]:
+    """Load every installed feature. A feature that fails to load is logged and skipped."""
+    eps = entry_points if entry_points is not None else importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    found: list[Feature] = []
+    for ep in eps:
+        try:
+            obj = ep.load()
+            items = obj() if callable(obj) and not isinstance(obj, Feature) else obj
+            items = [items] if isinstance(items, Feature) else list(items)
+        except Exception:  # noqa: BLE001 - a broken plugin must not take the server down
+            log.exception("feature entry point %s failed to load", getattr(ep, "name", ep))
+            continue
+        found.extend(items)
+    return sorted(found, key=lambda f: f.name)
+
+
+def feature_statuses(platform: Platform, features: Iterable[Feature], enabled: dict[str, bool]) -> list[FeatureStatus]:
+    rows = []
+    for f in features:
+        missing = f.missing(platform)
+        if missing:
+            rows.append(FeatureStatus(f.name, f.package, True, False, False,
+                                      f"{platform.name} lacks {', '.join(sorted(c.value for c in missing))}"))
+            continue
+        on = enabled.get(f.name, f.enabled_by_default)
+        rows.append(FeatureStatus(f.name, f.package, True, True, on, "enabled" if on else "disabled by option"))
+    return rows
+
+
+# -- options <-> CLI --------------------------------------------------------------------------
+def _flag(feature: Feature, field: attrs.Attribute) -> str:
+    return field.metadata.get("flag") or f"--{feature.name}-{field.name}".replace("_", "-")
+
+
+def add_feature_arguments(parser: argparse.ArgumentParser, features: Iterable[Feature]) -> None:
+    """Add each available feature's switch and option flags to ``parser``."""
+    for f in features:
+        group = parser.add_argument_group(f"{f.name} ({f.package})", f.description)
+        dest = f"feature__{f.name}__enabled"
+        group.add_argument(f"--{f.name}".replace("_", "-"), dest=dest, action=argparse.BooleanOptionalAction,
+                           default=None, help=f"enable {f.name} (default: {'on' if f.enabled_by_default else 'off'})")
+        if f.options is None:
+            continue
+        for field in attrs.fields(f.options):
+            kwargs: dict[str, Any] = {"dest": f"feature__{f.name}__{field.name}", "default": None,
+                                      "help": field.metadata.get("help", "")}
+            if field.type in (bool, "bool"):
+                kwargs["action"] = argparse.BooleanOptionalAction
+            elif field.type in (int, "int"):
+                kwargs["type"] = int
+            elif field.type in (float, "float"):
+                kwargs["type"] = float
+            if "choices" in field.metadata:
+                kwargs["choices"] = field.metadata["choices"]
+            group.add_argument(_flag(f, field), **kwargs)
+
+
+def options_from_args(features: Iterable[Feature], args: argparse.Namespace) -> tuple[dict[str, bool], dict[str, Any]]:
+    enabled: dict[str, bool] = {}
+    options: dict[str, Any] = {}
+    ns = vars(args)
+    for f in features:
+        flag = ns.get(f"feature__{f.name}__enabled")
+        if flag is not None:
+            enabled[f.name] = flag
+        if f.options is not None:
+            given = {fl.name: ns[f"feature__{f.name}__{fl.name}"] for fl in attrs.fields(f.options)
+                     if ns.get(f"feature__{f.name}__{fl.name}") is not None}
+            options[f.name] = f.options(**given)
+            if given and f.name not in enabled:
+                enabled[f.name] = True
+    return enabled, options
+
+
+def compose(builder: EngineBuilder, features: Iterable[Feature], enabled: dict[str, bool],
+            options: dict[str, Any]) -> list[FeatureStatus]:
+    """Install every available, enabled feature into ``builder``; return the status table."""
+    features = list(features)
+    statuses = feature_statuses(builder.platform, features, enabled)
+    by_name = {f.name: f for f in features}
+    for st in statuses:
+        if st.enabled and by_name[st.name].install is not None:
+            f = by_name[st.name]
+            opts = options.get(f.name) or (f.options() if f.options is not None else None)
+            f.install(builder, opts)
+    return statuses
+
+
+def absent_feature_message(flag: str, statuses: Iterable[FeatureStatus], known: dict[str, str]) -> str | None:
+    """Why a flag of a known-but-absent feature is unknown here (``known``: flag prefix -> feature)."""
+    for prefix, name in known.items():
+        if flag.startswith(prefix):
+            for st in statuses:
+                if st.name == name and not st.available:
+                    return f"{flag}: feature {name} is installed but not available on this platform ({st.reason})"
+            return f"{flag}: feature {name} is not installed (pip install {name_to_package(name)})"
+    return None
+
+
+def name_to_package(name: str) -> str:
+    return KNOWN_FEATURE_PACKAGES.get(name, "the package that provides it")
+
+
+#: Features rlt ships, by name -> distribution, so an absent one can be named in errors.
+KNOWN_FEATURE_PACKAGES = {
+    "chunked_prefill": "rlt-prefill", "packed_prefill": "rlt-prefill", "prefill_uva": "rlt-prefill",
+    "decode_pipeline": "rlt-decode", "async_scheduling": "rlt-decode", "graphs": "rlt-decode",
+    "static_buffers": "rlt-decode", "multi_stream": "rlt-decode", "uva": "rlt-decode",
+    "prefix_cache": "rlt-kvcache", "preemption": "rlt-kvcache",
+    "self_spec": "rlt-spec", "async_self_spec": "rlt-spec", "http": "rlt-serve",
+}
