@@ -15,7 +15,7 @@ from rlt.platform.checkpoint.tiny import write_tiny_checkpoint
 
 DEMO_NAME = "demo-ouro-tiny-v1"
 DEMO_CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=2048,
+                   num_key_value_heads=2, head_dim=16, vocab_size=448, max_position_embeddings=2048,
                    total_ut_steps=4)
 
 

@@ -1,0 +1,71 @@
+"""``rlt-server generate``: offline generation, one JSON object per prompt on stdout, in order."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rlt.platform.engine.llm import LLM
+from rlt.platform.sampling_params import SamplingParams
+from rlt_server.common import add_engine_arguments, die, engine_config, positive_int
+
+
+def _token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.split(",") if t.strip() != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("expected at least one token id")
+    return ids
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="offline generation to stdout (JSON lines)")
+    add_engine_arguments(p)
+    g = p.add_argument_group("prompts and sampling")
+    g.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
+    g.add_argument("--prompt-token-ids", action="append", default=[], type=_token_ids,
+                   help="prompt as comma-separated token ids (repeatable)")
+    g.add_argument("--chat", action="store_true", help="wrap each --prompt as a user message in the chat template")
+    g.add_argument("--max-tokens", type=positive_int, default=16)
+    g.add_argument("--min-tokens", type=int, default=0)
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", dest="request_seed", type=int, default=None, help="per-request sampling seed")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--min-loops", type=int, default=1)
+    g.add_argument("--max-loops", type=int, default=None)
+    g.add_argument("--exit-threshold", type=float, default=None)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.prompt and not args.prompt_token_ids:
+        die("give at least one --prompt or --prompt-token-ids")
+    params = SamplingParams(
+        max_tokens=args.max_tokens, min_tokens=args.min_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, seed=args.request_seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
+        min_loops=args.min_loops, max_loops=args.max_loops, exit_threshold=args.exit_threshold,
+    )
+    llm = LLM.from_config(engine_config(args))
+    prompts: list = []
+    for text in args.prompt:
+        if args.chat:
+            text = llm.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+            prompts.append(llm.tokenizer.encode(text, add_special_tokens=False))
+        else:
+            prompts.append(text)
+    prompts.extend(args.prompt_token_ids)
+    for out in llm.generate(prompts, params):
+        print(json.dumps({
+            "prompt_token_ids": list(out.prompt_token_ids),
+            "token_ids": list(out.token_ids),
+            "text": out.text,
+            "exit_depths": list(out.exit_depths),
+            "finish_reason": out.finish_reason,
+        }), flush=True)
+    return 0
