@@ -99,6 +99,16 @@ class Platform:
             self.device_module.synchronize()
 
     @property
+    def sync_before_reuse(self) -> bool:
+        """Ascend: synchronise before request metadata or KV pages are reused (PR #168)."""
+        return self.name == "npu"
+
+    def select_device(self, index: int = 0) -> None:
+        """Make ``index`` the current device (``torch.npu.set_device`` / ``torch.cuda.set_device``)."""
+        if self.device_module is not None and hasattr(self.device_module, "set_device"):
+            self.device_module.set_device(index)
+
+    @property
     def triton_dot_precision(self) -> str:
         """fp32 ``tl.dot`` precision: tf32 on NVIDIA, ieee on ROCm (kernels.md §2.4)."""
         return "ieee" if self.name == "rocm" else "tf32"

@@ -65,6 +65,8 @@ class LLMEngine:
         self.config = config
         self.platform = platform or detect_platform(config.device)
         self.device = self.platform.device()
+        if self.platform.name == "npu":
+            self.platform.select_device(self.device.index or 0)
         model_dir = config.model or str(demo_model_dir())
         _, raw, _, model_cfg = read_config(model_dir)
         self.dtype = resolve_dtype(config.dtype, getattr(model_cfg, "torch_dtype", None))
@@ -285,6 +287,8 @@ class LLMEngine:
                 req.text = req.detok.text
         slot = req.slot
         running = req.status is RequestStatus.RUNNING
+        if running and self.platform.sync_before_reuse:
+            self.platform.synchronize()  # the device may still read this slot's pages and metadata
         self.scheduler.finish(req)
         if running:
             self.executor.release(slot)

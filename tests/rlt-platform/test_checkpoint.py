@@ -1,0 +1,121 @@
+"""Loading Hugging Face checkpoint directories: layouts, dtypes, strict keys, tokenizer, template."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from rlt.platform import CheckpointError, EngineConfig, LLMEngine, SamplingParams
+from rlt.platform.checkpoint import RltTokenizer, load_checkpoint
+from rlt.platform.checkpoint.tiny import write_tiny_checkpoint
+
+
+def _greedy(path, **kw):
+    eng = LLMEngine(EngineConfig(model=str(path), block_size=4, **kw))
+    eng.add_request("r", [5, 6, 7, 8], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                return o.token_ids
+
+
+def test_sharded_equals_single(tmp_path):
+    single = write_tiny_checkpoint(tmp_path / "single", seed=3)
+    sharded = write_tiny_checkpoint(tmp_path / "sharded", seed=3, shards=3)
+    assert (sharded / "model.safetensors.index.json").is_file() and not (sharded / "model.safetensors").exists()
+    assert _greedy(single, dtype="float32") == _greedy(sharded, dtype="float32")
+
+
+def test_dtype_field_spellings_and_auto_map_ignored(tmp_path):
+    a = write_tiny_checkpoint(tmp_path / "a", seed=4)
+    b = write_tiny_checkpoint(tmp_path / "b", seed=4, dtype_key="dtype")
+    raw = json.loads((b / "config.json").read_text())
+    assert "dtype" in raw and "torch_dtype" not in raw and "auto_map" in raw
+    assert _greedy(a) == _greedy(b)  # dtype "auto" resolves to float32 from either field
+
+
+@pytest.mark.parametrize("dtype,torch_dtype", [("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16)])
+def test_dtypes(tiny_checkpoint, dtype, torch_dtype):
+    ck = load_checkpoint(tiny_checkpoint(seed=5), dtype=torch_dtype)
+    assert all(t.dtype == torch_dtype for t in ck.weights.values())
+    assert len(_greedy(tiny_checkpoint(seed=5), dtype=dtype)) == 5
+
+
+def test_strict_keys_name_missing_and_unexpected(tmp_path):
+    path = write_tiny_checkpoint(tmp_path / "c", seed=6)
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    tensors["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(32)
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.zeros(4)  # tolerated
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path, dtype=torch.float32)
+    msg = str(err.value)
+    assert "missing keys: model.layers.1.mlp.up_proj.weight" in msg
+    assert "unexpected keys: model.layers.0.self_attn.q_proj.bias" in msg
+    assert "inv_freq" not in msg
+
+
+def test_wrong_shape_is_reported(tmp_path):
+    path = write_tiny_checkpoint(tmp_path / "s", seed=6)
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["model.norm.weight"] = torch.ones(7)
+    save_file(tensors, str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"model.norm.weight: \(7,\) != expected \(32,\)"):
+        load_checkpoint(path, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("breakage,message", [
+    ("no_dir", "does not exist"), ("no_config", "config.json not found"), ("bad_json", "not valid JSON"),
+    ("wrong_type", "model_type 'llama' is not supported"), ("no_weights", "no model.safetensors"),
+    ("missing_field", "missing required field 'hidden_size'"), ("corrupt", "cannot read"),
+    ("missing_shard", "shards that do not exist"), ("no_tokenizer", "tokenizer.json"),
+])
+def test_malformed_checkpoints(tmp_path, breakage, message):
+    path = write_tiny_checkpoint(tmp_path / "m", seed=7, shards=2 if breakage == "missing_shard" else 1)
+    cfg = path / "config.json"
+    if breakage == "no_dir":
+        path = tmp_path / "nope"
+    elif breakage == "no_config":
+        cfg.unlink()
+    elif breakage == "bad_json":
+        cfg.write_text("{not json")
+    elif breakage == "wrong_type":
+        cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "model_type": "llama"}))
+    elif breakage == "no_weights":
+        (path / "model.safetensors").unlink()
+    elif breakage == "missing_field":
+        raw = json.loads(cfg.read_text())
+        del raw["hidden_size"]
+        cfg.write_text(json.dumps(raw))
+    elif breakage == "corrupt":
+        (path / "model.safetensors").write_bytes(b"\x00" * 64)
+    elif breakage == "missing_shard":
+        next(path.glob("model-00002-*.safetensors")).unlink()
+    elif breakage == "no_tokenizer":
+        (path / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match=message):
+        LLMEngine(EngineConfig(model=str(path), dtype="float32"))
+
+
+def test_chat_template_chatml_and_thinking(tmp_path):
+    plain = RltTokenizer.from_dir(write_tiny_checkpoint(tmp_path / "p", seed=1))
+    think = RltTokenizer.from_dir(write_tiny_checkpoint(tmp_path / "t", seed=1, thinking=True))
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert plain.apply_chat_template(msgs) == want
+    assert plain.apply_chat_template(msgs, enable_thinking=True) == want  # base template never thinks
+    assert think.apply_chat_template(msgs, enable_thinking=True) == want + "<think>\n"
+    assert think.apply_chat_template(msgs, enable_thinking=False) == want
+    assert think.apply_chat_template(msgs) == want  # None == False
+    ids = plain.encode(want)
+    assert ids[0] == 1 and 2 in ids  # <|im_start|>=1, <|im_end|>=2 as single tokens
+    assert plain.decode(ids, skip_special_tokens=False) == want
+
+
+def test_ouro_chat_stop_tokens(tiny_checkpoint):
+    eng = LLMEngine(EngineConfig(model=str(tiny_checkpoint(seed=1)), dtype="float32"))
+    assert eng.eos_token_ids == {0, 2}

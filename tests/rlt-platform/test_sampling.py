@@ -1,0 +1,136 @@
+"""Sampling: seeded reproducibility independent of the batch, filters, stops, logprobs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlt.platform import EngineConfig, LLMEngine, SamplingParams
+from rlt.platform.engine.sampler import SamplingBatch, sample, uniform_noise
+
+
+def _engine(path, **kw):
+    return LLMEngine(EngineConfig(model=str(path), dtype="float32", block_size=4, **kw))
+
+
+def _run(engine, reqs):
+    for rid, prompt, sp in reqs:
+        engine.add_request(rid, prompt, sp)
+    done = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = o
+    return done
+
+
+def test_seeded_sampling_independent_of_batch(tiny_checkpoint):
+    path = tiny_checkpoint(seed=11)
+    sp = SamplingParams(max_tokens=12, temperature=1.0, seed=1234, ignore_eos=True)
+    alone = _run(_engine(path), [("a", [5, 6, 7], sp)])["a"]
+    others = [(f"o{i}", [9, 10 + i, 11, 12][: 2 + i % 3], SamplingParams(max_tokens=5 + i, temperature=0.9, seed=i, ignore_eos=True))
+              for i in range(5)]
+    crowded = _run(_engine(path), others[:2] + [("a", [5, 6, 7], sp)] + others[2:])["a"]
+    assert alone.token_ids == crowded.token_ids
+    other_seed = _run(_engine(path), [("a", [5, 6, 7], sp.with_(seed=99))])["a"]
+    assert other_seed.token_ids != alone.token_ids
+
+
+def test_unseeded_requests_reproducible_per_engine_seed(tiny_checkpoint):
+    path = tiny_checkpoint(seed=11)
+    sp = SamplingParams(max_tokens=10, temperature=1.0, ignore_eos=True)
+    a = _run(_engine(path, seed=5), [("a", [5, 6], sp)])["a"].token_ids
+    b = _run(_engine(path, seed=5), [("a", [5, 6], sp)])["a"].token_ids
+    assert a == b
+
+
+def test_noise_is_uniform_and_depends_on_every_input():
+    lo = torch.tensor([1, 1, 2], dtype=torch.int64)
+    hi = torch.tensor([0, 0, 0], dtype=torch.int64)
+    step = torch.tensor([0, 1, 0], dtype=torch.int64)
+    u = uniform_noise(lo, hi, step, 20000)
+    assert ((u > 0) & (u < 1)).all()
+    assert abs(float(u.mean()) - 0.5) < 0.01
+    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+
+
+def _batch(m, temperature=1.0, top_p=1.0, top_k=0, seeds=None):
+    seeds = seeds if seeds is not None else list(range(m))
+    return SamplingBatch(
+        temperature=torch.full((m,), temperature), top_p=torch.full((m,), top_p),
+        top_k=torch.full((m,), top_k, dtype=torch.int64), seed_lo=torch.tensor(seeds, dtype=torch.int64),
+        seed_hi=torch.zeros(m, dtype=torch.int64), step=torch.zeros(m, dtype=torch.int64), suppress=None,
+        all_greedy=temperature == 0, any_top=top_k > 0 or top_p < 1, max_logprobs=-1,
+    )
+
+
+def test_sampling_matches_softmax_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    m = 20000
+    toks = sample(logits.expand(m, -1), _batch(m)).token_ids
+    freq = np.bincount(toks.numpy(), minlength=4) / m
+    want = torch.softmax(logits[0], -1).numpy()
+    assert np.abs(freq - want).max() < 0.015
+
+
+def test_top_k_and_top_p_restrict_support():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]])
+    m = 4000
+    k2 = sample(logits.expand(m, -1), _batch(m, top_k=2)).token_ids
+    assert set(k2.tolist()) == {0, 1}
+    p = torch.softmax(logits[0], -1)
+    # top_p just above p0 keeps tokens 0 and 1 only
+    tp = sample(logits.expand(m, -1), _batch(m, top_p=float(p[0]) + 0.01)).token_ids
+    assert set(tp.tolist()) == {0, 1}
+    greedy = sample(logits.expand(3, -1), _batch(3, temperature=0.0)).token_ids
+    assert greedy.tolist() == [0, 0, 0]
+
+
+def test_min_tokens_suppresses_stop_tokens_then_stops(tiny_checkpoint):
+    path = tiny_checkpoint(seed=12)
+    eng = _engine(path)
+    # find the greedy first token, then make it a stop token
+    first = _run(eng, [("g", [4, 5, 6], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))])["g"].token_ids[0]
+    sp = SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=[first], ignore_eos=True)
+    out = _run(eng, [("s", [4, 5, 6], sp)])["s"]
+    assert out.token_ids == (first,) and out.finish_reason == "stop" and out.stop_reason == first
+    out = _run(eng, [("m", [4, 5, 6], sp.with_(min_tokens=3))])["m"]
+    assert len(out.token_ids) >= 3 and first not in out.token_ids[:3]
+
+
+def test_eos_stops_unless_ignored(tiny_checkpoint):
+    path = tiny_checkpoint(seed=13)
+    eng = _engine(path)
+    base = _run(eng, [("g", [7, 8], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))])["g"]
+    assert base.finish_reason == "length" and len(base.token_ids) == 6
+    toks = base.token_ids
+    j = next(i for i in range(len(toks)) if toks[i] not in toks[:i] and (i > 0 or len(set(toks)) == 1))
+    eng.eos_token_ids = frozenset({toks[j]})
+    out = _run(eng, [("e", [7, 8], SamplingParams(max_tokens=6, temperature=0.0))])["e"]
+    assert out.finish_reason == "stop" and out.token_ids == toks[: j + 1]
+    assert out.stop_reason is None  # EOS, like vLLM
+
+
+def test_stop_string_truncates_text(tiny_checkpoint):
+    path = tiny_checkpoint(seed=14)
+    eng = _engine(path)
+    base = _run(eng, [("g", "Hello world", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))])["g"]
+    assert len(base.text) >= 4
+    stop = base.text[2:4]
+    out = _run(eng, [("s", "Hello world", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop=[stop]))])["s"]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == base.text[: base.text.find(stop)]
+
+
+def test_logprobs_of_chosen_token_and_top(tiny_checkpoint):
+    path = tiny_checkpoint(seed=15)
+    eng = _engine(path)
+    out = _run(eng, [("l", [3, 4, 5], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=3))])["l"]
+    assert len(out.logprobs) == 4
+    for tok, lp in zip(out.token_ids, out.logprobs):
+        assert lp.token_id == tok and lp.logprob <= 0 and math.isfinite(lp.logprob)
+        assert len(lp.top) == 3 and lp.top[0][0] == tok  # greedy: chosen is the best
+        assert lp.top[0][1] == pytest.approx(lp.logprob)
