@@ -1,0 +1,79 @@
+"""``rlt-server generate`` end to end in a subprocess: JSON lines in prompt order, and every bad
+input exits non-zero with one clear line on stderr and no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlt.platform.checkpoint import load_checkpoint
+from rlt.platform.models.ouro_reference import reference_generate
+
+
+def cli(*args, env_extra=None):
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "rlt_server.cli", "generate", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_generate_json_lines_in_order_equal_oracle(tiny_checkpoint):
+    path = tiny_checkpoint(seed=41)
+    r = cli("--model", str(path), "--dtype", "float32", "--temperature", "0", "--max-tokens", "6", "--ignore-eos",
+            "--prompt", "Hello world", "--prompt-token-ids", "5,6,7", "--prompt", "The fox", "--kv-layout", "last_exited")
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(lines) == 3
+    assert lines[2]["prompt_token_ids"] == [5, 6, 7]  # token-id prompts follow the text prompts
+    ck = load_checkpoint(path, dtype=torch.float32)
+    ref = ck.family.build_reference(ck.config, ck.weights)
+    for line in lines:
+        assert set(line) == {"prompt_token_ids", "token_ids", "text", "exit_depths", "finish_reason"}
+        assert line["token_ids"] == reference_generate(ref, line["prompt_token_ids"], max_tokens=6)[0]
+        assert line["exit_depths"] == [4] * 6 and line["finish_reason"] == "length"
+
+
+def test_generate_demo_model_by_default(tmp_path):
+    r = cli("--prompt", "hi", "--max-tokens", "3", "--seed", "7", env_extra={"RLT_DEMO_DIR": str(tmp_path / "demo")})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert len(out["token_ids"]) <= 3 and out["finish_reason"] in ("length", "stop")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "/does/not/exist", "--prompt", "x"], "does not exist"),
+    (["--device", "tpu", "--prompt", "x"], "invalid choice"),
+    (["--device", "npu", "--prompt", "x"], "torch_npu"),
+    (["--max-tokens", "-3", "--prompt", "x"], "positive integer"),
+    (["--temperature", "-1", "--prompt", "x"], "temperature"),
+    (["--top-p", "2", "--prompt", "x"], "top_p"),
+    (["--max-loops", "9", "--prompt", "x"], "max_loops"),
+    (["--exit-threshold", "3", "--prompt", "x"], "exit_threshold"),
+    (["--prompt-token-ids", "1,2,99999"], "outside the vocabulary"),
+    (["--prompt-token-ids", "1,a"], "comma-separated integers"),
+    (["--prompt", "x" * 50, "--max-model-len", "8"], "maximum context length"),
+    ([], "at least one --prompt"),
+    (["--prompt", "x", "--attention-backend", "fa4"], "cannot run here"),
+])
+def test_bad_inputs_one_line_no_traceback(tiny_checkpoint, args, message):
+    if "--model" not in args:
+        args = ["--model", str(tiny_checkpoint(seed=41)), *args]
+    r = cli(*args, env_extra={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert r.returncode != 0
+    err = r.stderr.strip()
+    assert "Traceback" not in r.stderr and len(err.splitlines()) == 1, r.stderr
+    assert message in err
+
+
+def test_malformed_checkpoint_one_line(tmp_path, tiny_checkpoint):
+    import shutil
+
+    path = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoint(seed=41), path)
+    (path / "config.json").write_text("{")
+    r = cli("--model", str(path), "--prompt", "x")
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "not valid JSON" in r.stderr
