@@ -119,3 +119,24 @@ def test_chat_template_chatml_and_thinking(tmp_path):
 def test_ouro_chat_stop_tokens(tiny_checkpoint):
     eng = LLMEngine(EngineConfig(model=str(tiny_checkpoint(seed=1)), dtype="float32"))
     assert eng.eos_token_ids == {0, 2}
+
+
+def test_tied_embeddings_with_and_without_stored_head(tmp_path):
+    from rlt.platform.models.ouro_reference import reference_generate
+
+    path = write_tiny_checkpoint(tmp_path / "tied", seed=8, tie_word_embeddings=True)
+    ck = load_checkpoint(path, dtype=torch.float32)
+    assert "lm_head.weight" not in ck.weights
+    ref = ck.family.build_reference(ck.config, ck.weights)
+    want = reference_generate(ref, [5, 6, 7, 8], max_tokens=5)[0]
+    assert list(_greedy(path, dtype="float32")) == want
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()  # some exports store it
+    save_file(tensors, str(path / "model.safetensors"))
+    assert list(_greedy(path, dtype="float32")) == want
+
+
+def test_checkpoint_threshold_is_not_a_serving_default(tmp_path):
+    path = write_tiny_checkpoint(tmp_path / "thr", seed=9, early_exit_threshold=0.3)
+    eng = LLMEngine(EngineConfig(model=str(path), dtype="float32"))
+    assert eng.default_threshold == 1.0

@@ -36,7 +36,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = attrs.field(default=None, validator=_positive("max_num_batched_tokens"))
     #: depth planes (and the most loops a request may ask for); None = the model's loop count.
     num_loops: int | None = attrs.field(default=None, validator=_positive("num_loops"))
-    #: default τ for requests that do not set one; None = the checkpoint's early_exit_threshold.
+    #: default τ for requests that do not set one; None = 1.0 (fixed full depth).
     exit_threshold: float | None = None
     seed: int = 0
 

@@ -98,6 +98,8 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype, device: torch.devic
                     if key.endswith(_IGNORED_SUFFIXES):
                         continue
                     if key not in expected:
+                        if key == "lm_head.weight" and getattr(config, "tie_word_embeddings", False):
+                            continue  # tied head: the embedding is used, as in Hugging Face
                         unexpected.append(key)
                         continue
                     t = f.get_tensor(key)

@@ -83,8 +83,9 @@ class LLMEngine:
             raise ConfigError(f"max_model_len {self.max_model_len} exceeds the model's "
                               f"max_position_embeddings {shape.max_position_embeddings}")
         self.num_loops = config.num_loops or shape.num_loops
-        self.default_threshold = (config.exit_threshold if config.exit_threshold is not None
-                                  else getattr(ckpt.config, "early_exit_threshold", 1.0))
+        # Fixed full depth unless asked otherwise (the checkpoint's early_exit_threshold is not a
+        # serving default: HF computes every loop regardless, so adopting it would change semantics).
+        self.default_threshold = config.exit_threshold if config.exit_threshold is not None else 1.0
         self.max_num_batched_tokens = config.max_num_batched_tokens or self.max_model_len
         self.selection: AttentionSelection = select_attention(
             self.platform, config.attention_backend, dtype=self.dtype, head_dim=shape.head_dim,
