@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from rlt.attention import AttentionBackend, AttentionMetadata, KVCache
 from rlt.platform.errors import CheckpointError
 from rlt.platform.models.base import LoopedModel, ModelFamily, ModelShape
+from rlt.platform.models.fused_norms import add_norm_norm
 from rlt.platform.models.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
 
 
@@ -187,19 +188,22 @@ class OuroModel(LoopedModel):
         eps = cfg.rms_norm_eps
         n = hidden.shape[0]
         h = hidden
+        a = rms_norm(h, self.layers[0].ln_in, eps)
+        last = len(self.layers) - 1
         for idx, layer in enumerate(self.layers):
-            a = rms_norm(h, layer.ln_in, eps)
             q, k, v = F.linear(a, layer.qkv).split((self._q, self._kv, self._kv), dim=-1)
             q = apply_rope(q.view(n, cfg.num_attention_heads, cfg.head_dim), cos, sin)
             k = apply_rope(k.view(n, cfg.num_key_value_heads, cfg.head_dim), cos, sin)
             v = v.view(n, cfg.num_key_value_heads, cfg.head_dim)
             attention.write_kv(kv, idx, k, v, meta)
             o = attention.forward(q, kv, idx, meta, self.scale)
-            h = h + rms_norm(F.linear(o, layer.o), layer.ln_in2, eps)
-            m = rms_norm(h, layer.ln_post, eps)
+            # h += RMS_in2(o_proj(o)); m = RMS_post(h)   (one fused pass on GPU)
+            h, m = add_norm_norm(h, F.linear(o, layer.o), layer.ln_in2, layer.ln_post, eps)
             g, u = F.linear(m, layer.gate_up).chunk(2, dim=-1)
-            h = h + rms_norm(F.linear(F.silu(g) * u, layer.down), layer.ln_post2, eps)
-        return rms_norm(h, self.norm, eps)
+            # h += RMS_post2(down(...)); then the next layer's RMS_in(h), or the end-of-loop norm
+            nxt = self.norm if idx == last else self.layers[idx + 1].ln_in
+            h, a = add_norm_norm(h, F.linear(F.silu(g) * u, layer.down), layer.ln_post2, nxt, eps)
+        return a
 
     def exit_logit(self, hidden: torch.Tensor) -> torch.Tensor:
         return (hidden.float() @ self.gate_w.T + self.gate_b).squeeze(-1)
