@@ -1,0 +1,1 @@
+"""rlt benchmarks: the offline harness (``python -m benchmarks.offline_bench``) and its helpers."""

@@ -1,0 +1,113 @@
+"""The offline benchmark harness end to end on CPU with tiny models (no timing asserts).
+
+Runs ``benchmarks.offline_bench`` on a tiny checkpoint for a few tokens and checks that the JSON
+and markdown it writes carry every field the issue asks for; checks the roofline arithmetic
+against the published Ouro-1.4B numbers (pure arithmetic, no device).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("benchmarks.offline_bench")
+
+from benchmarks.offline_bench import main  # noqa: E402
+from benchmarks.roofline import Ceilings, ModelCost, decode_step_cost, workload_floor  # noqa: E402
+from benchmarks.workload import Workload  # noqa: E402
+
+MEDIAN_FIELDS = ("e2e_tok_s", "decode_tok_s", "ms_per_loop_step", "ms_per_token_step", "ttft_ms_p50",
+                 "ttft_ms_p95", "tpot_ms_p50", "tpot_ms_p95", "mean_exit_depth", "prefill_tok_s")
+
+
+def test_harness_on_tiny_checkpoint(tiny_checkpoint, tmp_path):
+    ckpt = tiny_checkpoint(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                           max_position_embeddings=256, gate_bias=0.0)
+    out = tmp_path / "out"
+    main(["--model", str(ckpt), "--device", "cpu", "--reps", "2", "--warmup-output-len", "2",
+          "--workload", "c=2,in=12,out=4,name=fixed",
+          "--workload", "c=2,in=12,out=4,req=3,tau=0.5,name=adaptive",
+          "--baseline", "reference:c=1,in=12,out=3", "--baseline", "dense:c=2,in=12,out=3",
+          "--profile", "c=2,in=12", "--out-dir", str(out)])
+    data = json.loads((out / "results.json").read_text())
+    assert data["schema"] == "rlt-offline-bench/1"
+    for key in ("device", "driver", "torch", "triton", "rlt_packages", "rlt_commit"):
+        assert key in data["environment"]
+    assert data["ceilings"]["copy_bytes_per_s"] > 0 and data["ceilings"]["matmul_flops_per_s"] > 0
+    assert data["model"]["random_weights"] is False
+
+    fixed, adaptive = data["workloads"]
+    for r in (fixed, adaptive):
+        assert "error" not in r, r.get("error")
+        assert r["backend"] == "torch"
+        assert r["reps_run"] == 2 and len(r["reps"]) == 2
+        for f in MEDIAN_FIELDS:
+            assert r["median"][f] is not None and r["median"][f] > 0, f
+        assert set(r["floor"]) >= {"e2e_s", "prefill_s", "decode_step_s", "decode_tok_s", "e2e_tok_s"}
+        assert r["floor"]["decode_step_s"] > 0
+    assert fixed["workload"]["requests"] == 4  # default 2 x C
+    assert fixed["median"]["requests"] == 4 and fixed["median"]["output_tokens"] == 16
+    assert fixed["median"]["mean_exit_depth"] == 4.0  # fixed full depth
+    assert adaptive["median"]["requests"] == 3
+    assert 1.0 <= adaptive["median"]["mean_exit_depth"] <= 4.0
+
+    kinds = [b["kind"] for b in data["baselines"]]
+    assert kinds == ["reference", "dense"]
+    for b in data["baselines"]:
+        assert "error" not in b, b.get("error")
+        assert b["median"]["decode_tok_s"] > 0 and b["median"]["ttft_ms"] > 0
+        assert b["floor"]["decode_step_s"] > 0
+
+    (prof,) = data["profiles"]
+    assert "error" not in prof, prof.get("error")
+    assert prof["rows"] == 2 and prof["aten_ops_per_step"] > 0 and prof["host_wall_ms_per_step"] > 0
+    assert prof["top_host_ops"]
+
+    md = (out / "results.md").read_text()
+    for text in ("fixed", "adaptive", "baseline: reference", "baseline: dense", "×", "torch"):
+        assert text in md
+    assert (out / "profile_summary.md").is_file()
+
+
+def test_random_named_config_cpu(tmp_path):
+    out = tmp_path / "out"
+    data = main(["--model", "ouro-tiny", "--device", "cpu", "--reps", "1", "--warmup-output-len", "1",
+                 "--workload", "c=1,in=8,out=3", "--work-dir", str(tmp_path / "w"), "--out-dir", str(out)])
+    assert data["model"]["random_weights"] is True and data["model"]["name"] == "ouro-tiny"
+    assert "random weights" in (out / "results.md").read_text()
+    (r,) = data["workloads"]
+    assert "error" not in r and r["median"]["output_tokens"] == 6
+
+
+def test_workload_spec_parsing():
+    wl = Workload.parse("c=64,in=1024,out=128,tau=0.8,min_loops=2")
+    assert (wl.concurrency, wl.prompt_len, wl.output_len, wl.requests) == (64, 1024, 128, 128)
+    assert wl.adaptive and wl.min_loops == 2
+    assert Workload.parse("c=8,in=16,out=4,req=3,name=x").requests == 3
+    with pytest.raises(ValueError, match="lacks"):
+        Workload.parse("c=8,in=16")
+    with pytest.raises(ValueError, match="bad workload field"):
+        Workload.parse("c=8,in=16,out=4,foo=1")
+
+
+def test_roofline_matches_published_ouro_floors():
+    """Issue 5: C=1 decode floor ~2.56 ms, C=64 1K ~14.5 ms (all-depth KV), 8K prefill ~60K tok/s."""
+    from rlt.platform.checkpoint.tiny import tiny_config
+    from rlt.platform.models.ouro import OuroConfig
+
+    from benchmarks.bench_model import NAMED_CONFIGS
+
+    m = ModelCost.from_config(OuroConfig.from_dict(tiny_config(**NAMED_CONFIGS["ouro-1.4b"])), 2)
+    assert m.kv_bytes_per_position_plane == 196_608
+    assert m.params_per_loop == 24 * (3 * 2048 * 2048 + 2048 * 2048 + 3 * 2048 * 5632)
+    h200 = Ceilings(copy_bytes_per_s=4.3e12, matmul_flops_per_s=790e12, copy_bytes=0, matmul_n=0, dtype="bfloat16")
+    c1 = decode_step_cost(m, 1, 1024, 4).floor_s(h200)
+    c64 = decode_step_cost(m, 64, 1024, 4).floor_s(h200)
+    assert 2.4e-3 < c1 < 2.7e-3
+    assert 13.8e-3 < c64 < 15.2e-3
+    pre = workload_floor(m, h200, concurrency=1, prompt_len=8192, output_len=1, num_requests=1, loops=4)
+    assert 55_000 < 8192 / pre.prefill_s < 65_000
+    assert pre.prefill_bound == "compute"
+    assert workload_floor(m, h200, concurrency=64, prompt_len=1024, output_len=128, num_requests=128,
+                          loops=4).decode_bound == "bandwidth"
