@@ -1,0 +1,383 @@
+"""The engine thread and its asyncio front end.
+
+:class:`LLMEngine` is not thread-safe, so exactly one thread owns it (:class:`EngineThread`). The
+thread blocks on its command queue while the engine is idle; while work exists it drains pending
+commands (add / abort / stop) between steps and runs ``step()`` back to back. Results go to the
+event loop with ``loop.call_soon_threadsafe`` — outputs, admission results, and a snapshot of the
+engine's stats (the only engine state the front end reads; it never calls the engine itself).
+
+:class:`AsyncEngine` is the front end. It admits at most ``capacity`` engine requests at once
+(``max_num_seqs + max_queue_len``; each of ``n`` choices counts), rejecting more with
+:class:`Overloaded` before anything is queued — the bounded queue that gives back-pressure. A
+:class:`Generation` is one HTTP request's set of engine requests (prompts x n); iterating it
+yields their outputs as they come; ``abort()`` cancels what is unfinished and so frees its KV.
+
+Faults: a failure inside ``step()`` is handled by the engine itself (it aborts that step's requests
+with the error recorded). Anything else that escapes ``step()`` is caught here: the requests the
+step was running are aborted with an error, the fault is logged and counted, and the loop goes on.
+Only if the thread itself dies does the front end fail every request and report itself dead.
+
+Must not: touch the engine from the event loop, or block the event loop on the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from typing import Any, AsyncIterator, Callable, Sequence
+
+import attrs
+
+from rlt.platform.engine.engine import EngineStats, LLMEngine
+from rlt.platform.outputs import RequestOutput
+from rlt.platform.sampling_params import SamplingParams
+from rlt.serve.errors import EngineDead, Overloaded
+
+log = logging.getLogger("rlt.serve.engine")
+
+
+# -- commands to the engine thread --------------------------------------------------------------
+@attrs.frozen
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    future: Any  # asyncio.Future resolved on the loop with None or the admission error
+
+
+@attrs.frozen
+class _Abort:
+    request_id: str
+
+
+@attrs.frozen
+class _Stop:
+    pass
+
+
+@attrs.frozen
+class Delivery:
+    """What the engine thread hands to the loop after processing commands or a step."""
+
+    outputs: tuple[RequestOutput, ...]
+    #: request id -> error message, for requests the engine could not even abort cleanly
+    failed: tuple[tuple[str, str], ...]
+    stamp: float
+    stats: EngineStats
+    thread_faults: int
+
+
+class EngineThread(threading.Thread):
+    def __init__(self, engine: LLMEngine, deliver: Callable[[Delivery], None],
+                 admitted: Callable[[Any, str, BaseException | None], None],
+                 died: Callable[[str], None]) -> None:
+        super().__init__(name="rlt-engine", daemon=True)
+        self.engine = engine
+        self._deliver = deliver
+        self._admitted = admitted
+        self._died = died
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._live: set[str] = set()
+        self.thread_faults = 0
+        self.latest_stats: EngineStats = engine.stats()
+        self.dead_reason: str | None = None
+
+    def submit(self, command) -> None:
+        self._commands.put(command)
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - the thread must report its death, whatever it is
+            self.dead_reason = f"engine thread died: {type(exc).__name__}: {exc}"
+            log.exception("engine thread died")
+            self._died(self.dead_reason)
+
+    def _loop(self) -> None:
+        engine = self.engine
+        while True:
+            commands = [] if engine.has_unfinished_requests() else [self._commands.get()]
+            while True:
+                try:
+                    commands.append(self._commands.get_nowait())
+                except queue.Empty:
+                    break
+            outputs: list[RequestOutput] = []
+            failed: list[tuple[str, str]] = []
+            stop = False
+            for cmd in commands:
+                if isinstance(cmd, _Add):
+                    error = None
+                    try:
+                        engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params)
+                        self._live.add(cmd.request_id)
+                    except Exception as exc:  # noqa: BLE001 - InvalidRequestError, or a defect: reported either way
+                        error = exc
+                    self._admitted(cmd.future, cmd.request_id, error)
+                elif isinstance(cmd, _Abort):
+                    self._abort(cmd.request_id, outputs, failed, None)
+                elif isinstance(cmd, _Stop):
+                    stop = True
+            if stop:
+                for rid in sorted(self._live):
+                    self._abort(rid, outputs, failed, None)
+                self._publish(outputs, failed)
+                return
+            if engine.has_unfinished_requests():
+                outputs.extend(self._step(failed))
+            if outputs or failed or commands:
+                self._publish(outputs, failed)
+            else:
+                self.latest_stats = engine.stats()
+
+    def _step(self, failed: list[tuple[str, str]]) -> list[RequestOutput]:
+        try:
+            return self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - a fault outside the engine's own guard: contain it
+            self.thread_faults += 1
+            message = f"engine fault: {type(exc).__name__}: {exc}"
+            running = [r.request_id for r in list(getattr(self.engine.scheduler, "running", ()))]
+            log.exception("engine step failed outside its guard; aborting %d running request(s)", len(running))
+            outputs: list[RequestOutput] = []
+            for rid in running:
+                self._abort(rid, outputs, failed, message)
+            return outputs
+
+    def _abort(self, rid: str, outputs: list, failed: list, error: str | None) -> None:
+        try:
+            out = self.engine.abort_request(rid)
+        except Exception as exc:  # noqa: BLE001 - the request is lost; tell its client
+            log.exception("aborting %s failed", rid)
+            self._live.discard(rid)
+            failed.append((rid, error or f"engine fault while aborting: {type(exc).__name__}: {exc}"))
+            return
+        if out is not None:
+            outputs.append(attrs.evolve(out, error=error) if error and out.error is None else out)
+
+    def _publish(self, outputs: list[RequestOutput], failed: list[tuple[str, str]]) -> None:
+        for out in outputs:
+            if out.finished:
+                self._live.discard(out.request_id)
+        stats = self.engine.stats()
+        self.latest_stats = stats
+        self._deliver(Delivery(tuple(outputs), tuple(failed), time.monotonic(), stats, self.thread_faults))
+
+
+# -- the asyncio side -------------------------------------------------------------------------------
+@attrs.frozen
+class Item:
+    """One output of one choice of a :class:`Generation` (``error`` set when the engine failed it)."""
+
+    index: int
+    request_id: str
+    output: RequestOutput | None
+    stamp: float
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.error is not None or (self.output is not None and self.output.finished)
+
+
+@attrs.define(eq=False)
+class _Route:
+    sink: asyncio.Queue
+    index: int
+    timer: Any  # metrics.RequestTimer
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, *, capacity: int, retry_after: int = 1, metrics=None) -> None:
+        self.engine = engine
+        self.capacity = capacity
+        self.retry_after = retry_after
+        self.metrics = metrics
+        self.in_flight = 0
+        self._routes: dict[str, _Route] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: EngineThread | None = None
+        self._dead: str | None = None
+        self._stopping = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = EngineThread(self.engine, self._deliver_threadsafe, self._admitted_threadsafe,
+                                    self._died_threadsafe)
+        self._thread.start()
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Abort whatever is still running, and join the engine thread."""
+        self._stopping = True
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return
+        thread.submit(_Stop())
+        await asyncio.to_thread(thread.join, timeout)
+        await asyncio.sleep(0)  # let the last delivery run
+        if thread.is_alive():
+            log.error("engine thread did not stop within %.0f s", timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def dead_reason(self) -> str | None:
+        if self._dead is not None:
+            return self._dead
+        if self._thread is None:
+            return "engine thread not started"
+        if not self._thread.is_alive():
+            return self._thread.dead_reason or "engine thread stopped"
+        return None
+
+    def stats(self) -> EngineStats:
+        return self._thread.latest_stats if self._thread is not None else self.engine.stats()
+
+    @property
+    def thread_faults(self) -> int:
+        return self._thread.thread_faults if self._thread is not None else 0
+
+    # -- thread -> loop ------------------------------------------------------------------------------
+    def _call(self, fn, *args) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop closed meanwhile (shutdown)
+            pass
+
+    def _deliver_threadsafe(self, d: Delivery) -> None:
+        self._call(self._deliver, d)
+
+    def _admitted_threadsafe(self, future, request_id: str, error) -> None:
+        self._call(self._admitted, future, request_id, error)
+
+    def _died_threadsafe(self, reason: str) -> None:
+        self._call(self._fail_all, reason)
+
+    def _admitted(self, future: asyncio.Future, request_id: str, error: BaseException | None) -> None:
+        if error is not None:
+            self._drop(request_id)
+        if not future.done():
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+    def _drop(self, request_id: str) -> _Route | None:
+        route = self._routes.pop(request_id, None)
+        if route is not None:
+            self.in_flight -= 1
+        return route
+
+    def _deliver(self, d: Delivery) -> None:
+        for out in d.outputs:
+            route = self._routes.get(out.request_id)
+            if route is None:
+                continue
+            if self.metrics is not None:
+                self.metrics.on_output(route.timer, out, d.stamp)
+            route.sink.put_nowait(Item(route.index, out.request_id, out, d.stamp))
+            if out.finished:
+                self._drop(out.request_id)
+        for rid, message in d.failed:
+            route = self._drop(rid)
+            if route is not None:
+                if self.metrics is not None:
+                    self.metrics.on_failed(route.timer)
+                route.sink.put_nowait(Item(route.index, rid, None, d.stamp, message))
+        if self.metrics is not None:
+            self.metrics.on_stats(d.stats, d.thread_faults)
+
+    def _fail_all(self, reason: str) -> None:
+        self._dead = reason
+        now = time.monotonic()
+        for rid in list(self._routes):
+            route = self._drop(rid)
+            if self.metrics is not None:
+                self.metrics.on_failed(route.timer)
+            route.sink.put_nowait(Item(route.index, rid, None, now, reason))
+
+    # -- requests ----------------------------------------------------------------------------------------
+    def _reserve(self, n: int) -> None:
+        if not self.alive or self._stopping:
+            raise EngineDead(self.dead_reason or "the server is shutting down", None)
+        if self.in_flight + n > self.capacity:
+            raise Overloaded(
+                f"server is at capacity: {self.in_flight} request(s) in flight, limit {self.capacity} "
+                f"(--max-num-seqs + --max-queue-len); this request needs {n}. Retry later.", self.retry_after)
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self._routes and self._thread is not None:
+            self._thread.submit(_Abort(request_id))
+
+    async def generate(self, requests: Sequence[tuple[int, str, list[int], SamplingParams]],
+                       arrival: float | None = None) -> "Generation":
+        """Admit ``(index, request_id, prompt_token_ids, params)`` requests all-or-nothing.
+
+        Raises :class:`Overloaded` when they do not fit, the engine's ``InvalidRequestError`` when
+        it rejects one (then none run), or :class:`EngineDead`.
+        """
+        self._reserve(len(requests))
+        gen = Generation(self, [r[1] for r in requests])
+        arrival = time.monotonic() if arrival is None else arrival
+        futures = []
+        assert self._thread is not None and self._loop is not None
+        clash = [r[1] for r in requests if r[1] in self._routes]
+        if clash:
+            raise ValueError(f"request id {clash[0]} is already in flight")
+        for index, rid, ids, params in requests:
+            timer = self.metrics.timer(arrival, len(ids)) if self.metrics is not None else None
+            self._routes[rid] = _Route(gen.queue, index, timer)
+            self.in_flight += 1
+            fut = self._loop.create_future()
+            futures.append(fut)
+            self._thread.submit(_Add(rid, list(ids), params, fut))
+        try:
+            results = await asyncio.gather(*futures, return_exceptions=True)
+        except asyncio.CancelledError:
+            gen.abort()
+            raise
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            gen.abort()
+            raise errors[0]
+        return gen
+
+
+class Generation:
+    """The engine requests of one HTTP request; iterate for their outputs, ``abort()`` to cancel."""
+
+    def __init__(self, front: AsyncEngine, request_ids: list[str]) -> None:
+        self._front = front
+        self.queue: asyncio.Queue[Item] = asyncio.Queue()
+        self.request_ids = list(request_ids)
+        self._pending = set(request_ids)
+        self._aborted = False
+
+    @property
+    def done(self) -> bool:
+        return not self._pending
+
+    def abort(self) -> None:
+        """Cancel every unfinished engine request (idempotent); their KV is freed by the engine."""
+        if self._aborted:
+            return
+        self._aborted = True
+        for rid in self.request_ids:
+            if rid in self._pending:
+                self._front.abort(rid)
+
+    async def __aiter__(self) -> AsyncIterator[Item]:
+        while self._pending:
+            item = await self.queue.get()
+            if item.finished:
+                self._pending.discard(item.request_id)
+            yield item

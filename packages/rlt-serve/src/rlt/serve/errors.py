@@ -1,0 +1,185 @@
+"""HTTP errors in the OpenAI shape, and the handlers that map every exception to one.
+
+Body: ``{"error": {"message", "type", "param", "code"}}`` with ``code`` = the HTTP status, as
+vLLM answers. Mapping: bad input of any kind (malformed JSON, wrong types, out-of-range values,
+rlt's :class:`InvalidRequestError`) -> 400 ``BadRequestError``; unknown model or route -> 404;
+oversized body -> 413; full queue -> 503 with ``Retry-After``; an engine fault -> 500. FastAPI's
+422 for validation errors is re-mapped to 400. Bad input must never surface as 500: only a
+defect does, and it is logged with its traceback.
+
+This module knows nothing of the engine; it only formats errors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from rlt.platform.errors import RltError
+
+log = logging.getLogger("rlt.serve")
+
+_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
+          413: "PayloadTooLargeError", 429: "RateLimitError", 500: "InternalServerError",
+          501: "NotImplementedError", 503: "ServiceUnavailableError"}
+
+
+def error_type(status: int) -> str:
+    return _TYPES.get(status, "BadRequestError" if 400 <= status < 500 else "InternalServerError")
+
+
+def error_body(status: int, message: str, param: str | None = None, type_: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_ or error_type(status), "param": param, "code": status}}
+
+
+class APIError(Exception):
+    """An error answered to the client as-is."""
+
+    status: int = 400
+
+    def __init__(self, message: str, param: str | None = None, *, status: int | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if status is not None:
+            self.status = status
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, self.param)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class BadRequest(APIError):
+    status = 400
+
+
+class ModelNotFound(APIError):
+    status = 404
+
+    def __init__(self, name: str, served: list[str]) -> None:
+        super().__init__(f"The model `{name}` does not exist. This server serves: {', '.join(served)}.", "model")
+
+
+class Overloaded(APIError):
+    status = 503
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message, None, headers={"Retry-After": str(retry_after)})
+
+
+class EngineFault(APIError):
+    """The engine failed while running this request (it was aborted; the server stays up)."""
+
+    status = 500
+
+
+class EngineDead(APIError):
+    status = 503
+
+
+_FIELD_PREFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*): ")
+
+
+def param_of(message: str) -> str | None:
+    """``"temperature: must be ..."`` -> ``"temperature"`` (rlt's validation messages lead with the field)."""
+    m = _FIELD_PREFIX.match(message)
+    return m.group(1) if m else None
+
+
+def from_rlt_error(exc: RltError) -> BadRequest:
+    message = str(exc)
+    return BadRequest(message, param_of(message))
+
+
+def _loc_param(loc: tuple) -> str | None:
+    parts = [str(p) for p in loc if p != "body"]
+    # pydantic adds the union member tried (e.g. "str", "list[int]") after the field; keep the field path
+    kept = [p for p in parts if not re.match(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$", p)]
+    return ".".join(kept) or None
+
+
+def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return f"request body is not valid JSON ({detail})" if detail else "request body is not valid JSON", None
+    loc = tuple(first.get("loc", ()))
+    param = _loc_param(loc)
+    if kind == "missing" and loc in ((), ("body",)):
+        return "request body is missing: send a JSON object", None
+    if kind in ("model_attributes_type", "dict_type", "model_type") and param is None:
+        return "request body must be a JSON object", None
+    msg = str(first.get("msg", "invalid value"))
+    msg = msg.removeprefix("Value error, ")
+    if param is None:
+        return msg, None
+    extra = "" if len(errors) == 1 or kind.startswith("value_error") else f" ({len(errors)} errors; first shown)"
+    got = first.get("input")
+    shown = ""
+    if kind != "missing" and not kind.startswith("value_error"):
+        try:
+            shown = f", got {json.dumps(got)[:80]}"
+        except (TypeError, ValueError):
+            shown = ""
+    return f"{param}: {msg}{shown}{extra}", param
+
+
+def _count(request: Request, exc: Exception) -> None:
+    """Count a refused request in the app's metrics, if it has any (``app.state.metrics``)."""
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is None:
+        return
+    if isinstance(exc, ModelNotFound):
+        metrics.on_rejected("not_found")
+    elif isinstance(exc, Overloaded):
+        metrics.on_rejected("overloaded")
+    elif isinstance(exc, (BadRequest, RltError, RequestValidationError)):
+        metrics.on_rejected("bad_request")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        _count(request, exc)
+        return exc.response()
+
+    @app.exception_handler(RltError)
+    async def _rlt_error(request: Request, exc: RltError):
+        _count(request, exc)
+        return from_rlt_error(exc).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        _count(request, exc)
+        message, param = validation_message(exc)
+        return JSONResponse(error_body(400, message, param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        status = exc.status_code
+        detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if status == 404 and detail == "Not Found":
+            detail = f"no route {request.method} {request.url.path}"
+        elif status == 405:
+            detail = f"method {request.method} is not allowed on {request.url.path}"
+        return JSONResponse(error_body(status, detail), status_code=status, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        log.exception("unhandled error serving %s %s", request.method, request.url.path)
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}"), status_code=500)

@@ -1,0 +1,66 @@
+"""Request-body size limit (pure ASGI middleware).
+
+A body whose ``Content-Length`` exceeds the limit is answered 413 before it is read; a body sent
+without a length (chunked) is counted as it arrives and refused with 413 once it passes the limit.
+Only the body is limited here; prompt length in tokens is the engine's check (400).
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.exceptions import HTTPException
+
+from rlt.serve.errors import error_body
+
+
+class BodyTooLarge(HTTPException):
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body exceeds the server's limit of {limit} bytes (--max-body-bytes)")
+
+
+class BodySizeLimit:
+    def __init__(self, app, max_bytes: int, on_reject=None) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.on_reject = on_reject
+
+    async def _refuse(self, send, status: int, message: str) -> None:
+        if self.on_reject is not None:
+            self.on_reject("too_large" if status == 413 else "bad_request")
+        body = json.dumps(error_body(status, message)).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    await self._refuse(send, 400, "Content-Length header is not an integer")
+                    return
+                if length > self.max_bytes:
+                    await self._refuse(send, 413, BodyTooLarge(self.max_bytes).detail)
+                    return
+        received = 0
+        limit = self.max_bytes
+        on_reject = self.on_reject
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    if on_reject is not None:
+                        on_reject("too_large")
+                    raise BodyTooLarge(limit)
+            return message
+
+        await self.app(scope, limited_receive, send)

@@ -1,0 +1,302 @@
+"""Request bodies of the OpenAI-compatible API (pydantic, through FastAPI), and their translation
+into rlt's :class:`SamplingParams`.
+
+Types are strict (a string is not a number, ``true`` is not an integer): a wrong type is a 400,
+not a silent coercion. Ranges are checked once, by :class:`SamplingParams` (the engine's single
+source of truth), not duplicated here. Unknown fields are accepted and ignored with a warning, as
+vLLM does; fields rlt cannot honour (penalties, logit bias, beam search, tools, ...) are accepted
+only at their neutral value, otherwise they are a 400 that names the field — never silently
+dropped.
+
+This module builds no responses and touches no engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from rlt.platform.sampling_params import MAX_LOGPROBS, SamplingParams
+from rlt.serve.errors import BadRequest
+
+log = logging.getLogger("rlt.serve")
+_U64 = 2**64
+
+#: A normalised prompt: text, or token ids.
+PromptItem = Union[str, list[int]]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    def warn_unknown(self, endpoint: str) -> None:
+        if self.model_extra:
+            log.warning("%s: ignoring unknown field(s) %s", endpoint, ", ".join(sorted(self.model_extra)))
+
+
+class StreamOptions(_Body):
+    include_usage: bool = True
+    continuous_usage_stats: bool = False
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def normalize_prompt(value: Any) -> tuple[list[PromptItem], bool]:
+    """``str | list[str] | list[int] | list[list[int]]`` -> (prompts, was_a_batch)."""
+    shape = "a string, a list of strings, a list of token ids, or a list of token-id lists"
+    if isinstance(value, str):
+        return [value], False
+    if not isinstance(value, list):
+        raise ValueError(f"must be {shape}")
+    if not value:
+        raise ValueError("must not be empty")
+    if all(isinstance(v, str) for v in value):
+        return list(value), True
+    if all(_is_int(v) for v in value):
+        return [list(value)], False
+    if all(isinstance(v, list) for v in value):
+        for i, v in enumerate(value):
+            if not v:
+                raise ValueError(f"token-id list {i} is empty")
+            if not all(_is_int(t) for t in v):
+                raise ValueError(f"token-id list {i} must hold integers only")
+        return [list(v) for v in value], True
+    raise ValueError(f"must be {shape}, not a mixture")
+
+
+#: Fields rlt accepts only at these values (OpenAI / vLLM defaults).
+NEUTRAL_VALUES: dict[str, tuple] = {
+    "frequency_penalty": (None, 0.0), "presence_penalty": (None, 0.0), "repetition_penalty": (None, 1.0),
+    "min_p": (None, 0.0), "use_beam_search": (False,), "include_stop_str_in_output": (False,),
+}
+
+
+class SamplingFields(_Body):
+    """Fields common to completions and chat completions."""
+
+    model: str | None = None
+    n: int = 1
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    priority: int = 0
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # rlt's loop controls
+    min_loops: int | None = None
+    max_loops: int | None = None
+    exit_threshold: float | None = None
+    #: rlt/vLLM extension: return generated (and prompt) token ids in each choice
+    return_token_ids: bool = False
+    user: str | None = None
+    # accepted only at their neutral values
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    logit_bias: dict[str, float] | None = None
+    best_of: int | None = None
+    use_beam_search: bool = False
+    include_stop_str_in_output: bool = False
+    response_format: dict[str, Any] | None = None
+
+    def check_supported(self, max_n: int) -> None:
+        for name, neutral in NEUTRAL_VALUES.items():
+            value = getattr(self, name)
+            if value not in neutral:
+                raise BadRequest(f"{name}: rlt does not support {name} (got {value!r}); leave it unset", name)
+        if self.logit_bias:
+            raise BadRequest("logit_bias: rlt does not support logit_bias; leave it unset", "logit_bias")
+        if self.best_of is not None and self.best_of != self.n:
+            raise BadRequest(f"best_of: rlt does not support best_of != n (got {self.best_of}); leave it unset",
+                             "best_of")
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            raise BadRequest("response_format: rlt supports only {\"type\": \"text\"}", "response_format")
+        if not 1 <= self.n <= max_n:
+            raise BadRequest(f"n: must be an integer in [1, {max_n}], got {self.n}", "n")
+        if self.stream_options is not None and not self.stream:
+            raise BadRequest("stream_options: only allowed when stream is true", "stream_options")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """The engine's parameters; out-of-range values raise :class:`InvalidRequestError` (-> 400)."""
+        stop = self.stop if self.stop is not None else ()
+        kwargs: dict[str, Any] = dict(
+            max_tokens=max_tokens, min_tokens=self.min_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=0 if self.top_k is None else self.top_k,
+            seed=self.seed, stop=stop, stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos, priority=self.priority, logprobs=logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            min_loops=1 if self.min_loops is None else self.min_loops,
+            max_loops=self.max_loops, exit_threshold=self.exit_threshold,
+        )
+        if kwargs["top_k"] == -1:
+            kwargs["top_k"] = 0
+        return SamplingParams(**kwargs)
+
+
+def seed_for_choice(seed: int | None, i: int) -> int | None:
+    """Seed of choice ``i`` of ``n``: ``seed + i`` (kept in the 64-bit range); None stays random."""
+    if seed is None:
+        return None
+    s = seed + i
+    return s if s < _U64 else s - _U64
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Any
+    max_tokens: int | None = 16
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    add_special_tokens: bool = True
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, v):
+        normalize_prompt(v)
+        return v
+
+    def prompts(self) -> tuple[list[PromptItem], bool]:
+        return normalize_prompt(self.prompt)
+
+    def check_supported(self, max_n: int) -> None:
+        super().check_supported(max_n)
+        if self.suffix:
+            raise BadRequest("suffix: rlt does not support suffix (fill-in-the-middle); leave it unset", "suffix")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise BadRequest(f"logprobs: must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs}", "logprobs")
+
+    def to_params(self) -> SamplingParams:
+        return self.sampling_params(self.max_tokens, self.logprobs)
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def text(self, index: int) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for j, part in enumerate(self.content):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise BadRequest(f"messages.{index}.content.{j}: rlt serves text only; each content part must be "
+                                 f"{{\"type\": \"text\", \"text\": \"...\"}}", f"messages.{index}.content")
+            parts.append(part["text"])
+        return "".join(parts)
+
+    def for_template(self, index: int) -> dict[str, Any]:
+        msg: dict[str, Any] = dict(self.model_extra or {})
+        msg["role"] = self.role
+        msg["content"] = self.text(index)
+        if self.name is not None:
+            msg["name"] = self.name
+        return msg
+
+
+class ChatTemplateFields(_Body):
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
+
+    def check_template_fields(self) -> None:
+        if not self.messages:
+            raise BadRequest("messages: must hold at least one message", "messages")
+        if self.chat_template is not None:
+            raise BadRequest("chat_template: rlt applies the checkpoint's chat template only; leave it unset",
+                             "chat_template")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise BadRequest("continue_final_message: needs add_generation_prompt set to false",
+                             "continue_final_message")
+        reserved = {"messages", "add_generation_prompt"} & set(self.chat_template_kwargs or {})
+        if reserved:
+            raise BadRequest(f"chat_template_kwargs: may not set {', '.join(sorted(reserved))}", "chat_template_kwargs")
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.for_template(i) for i, m in enumerate(self.messages)]
+
+
+class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    echo: bool = False
+    add_special_tokens: bool = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    def check_supported(self, max_n: int) -> None:
+        super().check_supported(max_n)
+        self.check_template_fields()
+        if self.tools:
+            raise BadRequest("tools: rlt does not support tool calling; leave tools unset", "tools")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise BadRequest("tool_choice: rlt does not support tool calling", "tool_choice")
+        if self.top_logprobs is not None:
+            if not self.logprobs:
+                raise BadRequest("top_logprobs: needs logprobs set to true", "top_logprobs")
+            if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+                raise BadRequest(f"top_logprobs: must be an integer in [0, {MAX_LOGPROBS}], got {self.top_logprobs}",
+                                 "top_logprobs")
+        if self.max_completion_tokens is not None and self.max_completion_tokens < 1:
+            raise BadRequest(f"max_completion_tokens: must be an integer >= 1, got {self.max_completion_tokens}",
+                             "max_completion_tokens")
+
+    def to_params(self) -> SamplingParams:
+        limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self.sampling_params(limit, logprobs)
+
+
+class TokenizeRequest(_Body):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+    def check(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise BadRequest("give exactly one of prompt or messages", "prompt")
+        if self.messages is not None and not self.messages:
+            raise BadRequest("messages: must hold at least one message", "messages")
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int]
+

@@ -1,0 +1,116 @@
+"""The HTTP routes (one FastAPI router, installed by the ``http`` feature).
+
+OpenAI-compatible: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``.
+Operations: ``GET /health`` (200 while the engine thread runs, 503 otherwise; the body names the
+attention backend and why it was chosen), ``GET /metrics`` (Prometheus), ``GET /version``,
+``POST /tokenize``, ``POST /detokenize``, and rlt's ``GET /v1/engine`` (platform, attention
+backend, feature table, engine configuration and live stats — what the server printed at
+startup). The handlers only unpack and delegate; the logic is in :mod:`rlt.serve.serving`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from rlt.serve.metrics import CONTENT_TYPE_LATEST
+from rlt.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from rlt.serve.serving import create_chat_completion, create_completion
+from rlt.serve.state import ServerState
+
+router = APIRouter()
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.rlt
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    return await create_completion(_state(request), body, request)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    return await create_chat_completion(_state(request), body, request)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> JSONResponse:
+    s = _state(request)
+    cards = [{"id": name, "object": "model", "created": s.created, "owned_by": "rlt", "root": s.model_root,
+              "parent": None, "max_model_len": s.max_model_len, "permission": []} for name in s.served_names]
+    return JSONResponse({"object": "list", "data": cards})
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    s = _state(request)
+    attention = s.info.get("attention", {})
+    if not s.engine.alive:
+        return JSONResponse({"status": "unhealthy", "reason": s.engine.dead_reason}, status_code=503)
+    return JSONResponse({"status": "ok", "attention_backend": attention.get("name"),
+                         "attention_reason": attention.get("reason")})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/version")
+async def version() -> JSONResponse:
+    return JSONResponse({"version": _version("rlt-serve"), "rlt_platform": _version("rlt-platform"),
+                         "rlt_attention": _version("rlt-attention")})
+
+
+@router.get("/v1/engine")
+async def engine_info(request: Request) -> JSONResponse:
+    s = _state(request)
+    st = s.engine.stats()
+    live = {
+        "alive": s.engine.alive, "dead_reason": s.engine.dead_reason,
+        "num_running": st.num_running, "num_waiting": st.num_waiting, "kv_usage": st.kv_usage,
+        "num_kv_blocks": st.num_kv_blocks, "num_free_kv_blocks": st.num_free_kv_blocks,
+        "num_steps": st.num_steps, "num_faults": st.num_faults + s.engine.thread_faults,
+        "in_flight": s.engine.in_flight, "capacity": s.engine.capacity,
+    }
+    return JSONResponse({**s.info, "stats": live})
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
+    s = _state(request)
+    body.warn_unknown("/tokenize")
+    s.check_model(body.model)
+    body.check()
+    if body.prompt is not None:
+        ids = await s.encode(body.prompt, True if body.add_special_tokens is None else body.add_special_tokens)
+    else:
+        messages = [m.for_template(i) for i, m in enumerate(body.messages or [])]
+        text = await s.render_chat(messages, add_generation_prompt=body.add_generation_prompt,
+                                   continue_final_message=body.continue_final_message,
+                                   template_kwargs=body.chat_template_kwargs)
+        ids = await s.encode(text, bool(body.add_special_tokens))
+    out = {"count": len(ids), "max_model_len": s.max_model_len, "tokens": ids}
+    if body.return_token_strs:
+        out["token_strs"] = [s.token_str(t) for t in ids]
+    return JSONResponse(out)
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
+    s = _state(request)
+    body.warn_unknown("/detokenize")
+    s.check_model(body.model)
+    s.check_token_ids(body.tokens, "tokens")
+    return JSONResponse({"prompt": s.tokenizer.decode(body.tokens, skip_special_tokens=False)})

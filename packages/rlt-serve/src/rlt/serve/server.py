@@ -1,0 +1,77 @@
+"""Run the HTTP server over a built engine: state, app, uvicorn, graceful shutdown.
+
+Shutdown on SIGINT or SIGTERM (uvicorn's handlers): stop accepting connections, let in-flight
+requests run for up to ``--shutdown-timeout`` seconds, cancel what is still running (each
+cancelled handler aborts its engine requests), then the lifespan stops the engine thread, which
+aborts anything left and frees its KV. A SIGTERM-initiated shutdown that completed exits 0;
+SIGINT follows the usual KeyboardInterrupt path (exit 130 through the CLI).
+
+Must not: parse command lines (the app does) or import feature packages.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from typing import Any, Callable, Iterable
+
+import uvicorn
+
+from rlt.platform.checkpoint.tokenizer import RltTokenizer
+from rlt.platform.engine.engine import LLMEngine
+from rlt.serve.app import create_app
+from rlt.serve.async_engine import AsyncEngine
+from rlt.serve.feature import HttpOptions
+from rlt.serve.info import engine_info
+from rlt.serve.metrics import ServerMetrics
+from rlt.serve.state import ServerState
+
+log = logging.getLogger("rlt.serve")
+
+
+def build_state(engine: LLMEngine, *, statuses: Iterable, options: HttpOptions, served_names: list[str],
+                host: str = "127.0.0.1", port: int = 8000) -> ServerState:
+    if not served_names:
+        raise ValueError("give at least one served model name")
+    capacity = engine.config.max_num_seqs + options.max_queue_len
+    metrics = ServerMetrics(served_names[0], engine.num_loops)
+    front = AsyncEngine(engine, capacity=capacity, retry_after=options.retry_after, metrics=metrics)
+    metrics.bind_in_flight(lambda: front.in_flight)
+    server = {"host": host, "port": port, "max_queue_len": options.max_queue_len, "capacity": capacity,
+              "max_body_bytes": options.max_body_bytes, "max_n": options.max_n,
+              "retry_after": options.retry_after, "shutdown_timeout": options.shutdown_timeout}
+    info = engine_info(engine, statuses=statuses, served_names=served_names, server=server)
+    return ServerState(
+        engine=front, tokenizer=RltTokenizer.from_dir(engine.model_dir), served_names=list(served_names),
+        model_root=str(engine.model_dir), max_model_len=engine.max_model_len,
+        vocab_size=engine.model.shape.vocab_size, options=options, metrics=metrics, info=info,
+    )
+
+
+def serve(state: ServerState, routers: Iterable[Any], *, host: str, port: int, log_level: str = "info",
+          access_log: bool = False, on_config: Callable[[uvicorn.Config], None] | None = None) -> int:
+    """Serve until a shutdown signal; returns the process exit code."""
+    app = create_app(state, routers)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
+                            timeout_graceful_shutdown=state.options.shutdown_timeout, lifespan="on",
+                            timeout_keep_alive=5)
+    if on_config is not None:
+        on_config(config)
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signal that stopped it once it has shut down; for SIGTERM that is a
+    # completed graceful shutdown, which should exit 0 rather than die by the default handler.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    if main:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    try:
+        server.run()
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+    if not server.started:
+        log.error("the server did not start (see the messages above)")
+        return 1
+    return 0

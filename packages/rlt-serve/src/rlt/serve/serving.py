@@ -1,0 +1,394 @@
+"""Completions and chat completions: from a validated request to engine requests, and from the
+engine's outputs to OpenAI responses — one JSON body, or SSE chunks ending with ``data: [DONE]``.
+
+- Prompts are tokenised here (off the event loop, in a worker thread); the engine gets token ids.
+- Each prompt x each of ``n`` choices is its own engine request; choice ``i`` samples with
+  ``seed + i`` when a seed is given. Choice index = ``prompt_index * n + i`` (vLLM's order).
+- Usage is counted from real token ids: each prompt's tokens once, every choice's generated tokens.
+- rlt's extension: every choice (and every streamed choice delta) carries
+  ``"rlt": {"exit_depths": [...]}``, the loops run for each generated token it reports;
+  ``return_token_ids: true`` adds ``token_ids`` (and ``prompt_token_ids``) to each choice.
+- Streaming holds back the last ``len(longest stop string) - 1`` characters until the request
+  ends, so a stop string split across tokens is never partly sent.
+- A client that goes away cancels its handler; every unfinished engine request of it is aborted,
+  which frees its KV. An engine fault is a 500 (or, once streaming has begun, an in-band
+  ``data: {"error": ...}`` event followed by ``data: [DONE]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from rlt.platform.outputs import RequestOutput, TokenLogprob
+from rlt.platform.sampling_params import SamplingParams
+from rlt.serve.async_engine import Generation
+from rlt.serve.errors import EngineFault, error_body
+from rlt.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, seed_for_choice
+from rlt.serve.state import ServerState
+
+DONE = "data: [DONE]\n\n"
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -9999.0
+
+
+class ChoiceStream:
+    """Turns one choice's cumulative engine outputs into deltas (what was not yet sent)."""
+
+    def __init__(self, index: int, prompt_ids: list[int], prefix: str, hold: int) -> None:
+        self.index = index
+        self.prompt_ids = prompt_ids
+        self.prefix = prefix
+        self.hold = hold
+        self.sent_text = 0
+        self.sent_tokens = 0
+        self.started = False
+        self.text_offset = len(prefix)
+
+    def delta(self, out: RequestOutput) -> dict[str, Any]:
+        text = out.text
+        limit = len(text) if out.finished or not self.hold else max(self.sent_text, len(text) - self.hold)
+        piece = text[self.sent_text:limit]
+        self.sent_text = max(self.sent_text, limit)
+        start = self.sent_tokens
+        self.sent_tokens = len(out.token_ids)
+        first = not self.started
+        if first:
+            piece = self.prefix + piece
+            self.started = True
+        return {
+            "first": first, "text": piece, "token_ids": list(out.token_ids[start:]),
+            "exit_depths": list(out.exit_depths[start:]),
+            "logprobs": list(out.logprobs[start:]) if out.logprobs is not None else None,
+            "finished": out.finished, "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
+            "completion_tokens": len(out.token_ids),
+        }
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+class _Format:
+    """The shape of one endpoint's responses."""
+
+    object_name: str
+    chunk_object: str
+    id_prefix: str
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.offsets: dict[int, int] = {}
+
+    def logprobs(self, index: int, lps: list[TokenLogprob] | None, top_n: int) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def choice(self, index: int, text: str, out: RequestOutput, lps, with_ids: bool, prompt_ids) -> dict:
+        raise NotImplementedError
+
+    def chunk_choice(self, index: int, d: dict[str, Any], with_ids: bool, prompt_ids) -> dict:
+        raise NotImplementedError
+
+    def opening(self, indices: list[int]) -> list[dict]:
+        return []
+
+
+class CompletionFormat(_Format):
+    object_name = "text_completion"
+    chunk_object = "text_completion"
+    id_prefix = "cmpl"
+
+    def logprobs(self, index, lps, top_n):
+        if lps is None:
+            return None
+        tok = self.state.token_str
+        offset = self.offsets.get(index, 0)
+        tokens, token_lps, tops, offsets = [], [], [], []
+        for lp in lps:
+            s = tok(lp.token_id)
+            tokens.append(s)
+            token_lps.append(_finite(lp.logprob))
+            top = {s: _finite(lp.logprob)}
+            for tid, v in lp.top:
+                top.setdefault(tok(tid), _finite(v))
+            tops.append(top)
+            offsets.append(offset)
+            offset += len(s)
+        self.offsets[index] = offset
+        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+    def _ext(self, c: dict, depths, ids, with_ids, prompt_ids) -> dict:
+        c["rlt"] = {"exit_depths": list(depths)}
+        if with_ids:
+            c["token_ids"] = list(ids)
+            if prompt_ids is not None:
+                c["prompt_token_ids"] = list(prompt_ids)
+        return c
+
+    def choice(self, index, text, out, lps, with_ids, prompt_ids):
+        c = {"index": index, "text": text, "logprobs": lps, "finish_reason": out.finish_reason,
+             "stop_reason": out.stop_reason}
+        return self._ext(c, out.exit_depths, out.token_ids, with_ids, prompt_ids)
+
+    def chunk_choice(self, index, d, with_ids, prompt_ids):
+        c = {"index": index, "text": d["text"], "logprobs": d["lp"],
+             "finish_reason": d["finish_reason"] if d["finished"] else None,
+             "stop_reason": d["stop_reason"] if d["finished"] else None}
+        return self._ext(c, d["exit_depths"], d["token_ids"], with_ids, prompt_ids if d["first"] else None)
+
+
+class ChatFormat(CompletionFormat):
+    object_name = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+    id_prefix = "chatcmpl"
+
+    def logprobs(self, index, lps, top_n):
+        if lps is None:
+            return None
+        tok = self.state.token_str
+        content = []
+        for lp in lps:
+            s = tok(lp.token_id)
+            content.append({
+                "token": s, "logprob": _finite(lp.logprob), "bytes": list(s.encode("utf-8")),
+                "top_logprobs": [{"token": tok(t), "logprob": _finite(v), "bytes": list(tok(t).encode("utf-8"))}
+                                 for t, v in lp.top[:top_n]],
+            })
+        return {"content": content}
+
+    def choice(self, index, text, out, lps, with_ids, prompt_ids):
+        c = {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": lps,
+             "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+        return self._ext(c, out.exit_depths, out.token_ids, with_ids, prompt_ids)
+
+    def opening(self, indices):
+        return [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                 "finish_reason": None} for i in indices]
+
+    def chunk_choice(self, index, d, with_ids, prompt_ids):
+        c = {"index": index, "delta": {"content": d["text"]} if d["text"] or not d["finished"] else {},
+             "logprobs": d["lp"], "finish_reason": d["finish_reason"] if d["finished"] else None,
+             "stop_reason": d["stop_reason"] if d["finished"] else None}
+        return self._ext(c, d["exit_depths"], d["token_ids"], with_ids, prompt_ids if d["first"] else None)
+
+
+# -- the shared flow ---------------------------------------------------------------------------------
+class _Job:
+    """One HTTP generation request, prepared: prompts as token ids, params, the engine requests."""
+
+    def __init__(self, state: ServerState, body: SamplingFields, fmt: _Format, model: str,
+                 prompt_ids: list[list[int]], prefixes: list[str], params: SamplingParams, top_n: int) -> None:
+        self.state = state
+        self.body = body
+        self.fmt = fmt
+        self.model = model
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.top_n = top_n
+        self.n = body.n
+        self.id = f"{fmt.id_prefix}-{uuid.uuid4().hex}"
+        #: set once the whole response (or its in-band error) has been produced
+        self.completed = False
+        self.created = int(time.time())
+        hold = max((len(s) for s in params.stop), default=1) - 1
+        self.choices = {p * self.n + i: ChoiceStream(p * self.n + i, ids, prefixes[p], hold)
+                        for p, ids in enumerate(prompt_ids) for i in range(self.n)}
+
+    def engine_requests(self) -> list[tuple[int, str, list[int], SamplingParams]]:
+        reqs = []
+        for p, ids in enumerate(self.prompt_ids):
+            for i in range(self.n):
+                params = self.params if self.n == 1 else self.params.with_(seed=seed_for_choice(self.params.seed, i))
+                reqs.append((p * self.n + i, f"{self.id}-{p}-{i}", ids, params))
+        return reqs
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(ids) for ids in self.prompt_ids)
+
+    def prompt_of(self, index: int) -> list[int]:
+        return self.prompt_ids[index // self.n]
+
+    def envelope(self, choices: list[dict], chunk: bool) -> dict[str, Any]:
+        return {"id": self.id, "object": self.fmt.chunk_object if chunk else self.fmt.object_name,
+                "created": self.created, "model": self.model, "choices": choices}
+
+
+async def _start(job: _Job) -> Generation:
+    return await job.state.engine.generate(job.engine_requests())
+
+
+async def _await_or_disconnect(request: Request, coro):
+    """Run ``coro``; if the client disconnects first, cancel it and return None (vLLM's with_cancellation)."""
+
+    async def disconnected() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    task = asyncio.ensure_future(coro)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the client is gone; nothing to answer
+        pass
+    return None
+
+
+async def _collect(job: _Job, gen: Generation) -> JSONResponse:
+    finals: dict[int, RequestOutput] = {}
+    try:
+        async for item in gen:
+            if item.error is not None or (item.output is not None and item.output.error):
+                raise EngineFault(item.error or item.output.error)
+            if item.output is not None and item.output.finished:
+                finals[item.index] = item.output
+    finally:
+        gen.abort()
+    fmt, body = job.fmt, job.body
+    choices = []
+    for index in sorted(finals):
+        out = finals[index]
+        cs = job.choices[index]
+        choices.append(fmt.choice(index, cs.prefix + out.text,
+                                  out, fmt.logprobs(index, list(out.logprobs) if out.logprobs is not None else None,
+                                                    job.top_n),
+                                  body.return_token_ids, job.prompt_of(index)))
+    payload = job.envelope(choices, chunk=False)
+    payload["usage"] = _usage(job.prompt_tokens, sum(len(o.token_ids) for o in finals.values()))
+    return JSONResponse(payload)
+
+
+class GenerationStream(StreamingResponse):
+    """An SSE response that aborts its generation however it ends (finished, disconnect, cancel) —
+    even when the client left before the body iterator was first entered."""
+
+    def __init__(self, job: "_Job", gen: Generation) -> None:
+        super().__init__(_stream(job, gen), media_type="text/event-stream", headers=_SSE_HEADERS)
+        self._job = job
+        self._gen = gen
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._gen.abort()
+            if not self._job.completed:
+                self._job.state.metrics.disconnects.inc()
+
+
+async def _stream(job: _Job, gen: Generation) -> AsyncIterator[str]:
+    fmt, body = job.fmt, job.body
+    generated: dict[int, int] = {}
+    try:
+        opening = fmt.opening(sorted(job.choices))
+        for c in opening:
+            chunk = job.envelope([c], chunk=True)
+            if body.continuous_usage:
+                chunk["usage"] = _usage(len(job.prompt_of(c["index"])), 0)
+            yield sse(chunk)
+        async for item in gen:
+            error = item.error or (item.output.error if item.output is not None else None)
+            if error is not None:
+                job.completed = True
+                yield sse(error_body(500, error))
+                yield DONE
+                return
+            out = item.output
+            d = job.choices[item.index].delta(out)
+            if not (d["text"] or d["token_ids"] or d["finished"] or d["first"]):
+                continue
+            d["lp"] = fmt.logprobs(item.index, d["logprobs"], job.top_n)
+            generated[item.index] = d["completion_tokens"]
+            chunk = job.envelope([fmt.chunk_choice(item.index, d, body.return_token_ids, job.prompt_of(item.index))],
+                                 chunk=True)
+            if body.continuous_usage:
+                chunk["usage"] = _usage(len(job.prompt_of(item.index)), d["completion_tokens"])
+            yield sse(chunk)
+        if body.include_usage:
+            final = job.envelope([], chunk=True)
+            final["usage"] = _usage(job.prompt_tokens, sum(generated.values()))
+            yield sse(final)
+        job.completed = True
+        yield DONE
+    finally:
+        gen.abort()
+
+
+async def _respond(job: _Job, request: Request) -> Response:
+    gen = await _start(job)
+    if job.body.stream:
+        return GenerationStream(job, gen)
+    result = await _await_or_disconnect(request, _collect(job, gen))
+    if result is None:  # the client went away: its requests were aborted
+        gen.abort()
+        job.state.metrics.disconnects.inc()
+        return Response(status_code=499)
+    return result
+
+
+# -- endpoints -----------------------------------------------------------------------------------------
+async def create_completion(state: ServerState, body: CompletionRequest, request: Request) -> Response:
+    body.warn_unknown("/v1/completions")
+    model = state.check_model(body.model)
+    body.check_supported(state.options.max_n)
+    params = body.to_params()
+    items, _batch = body.prompts()
+    prompt_ids: list[list[int]] = []
+    prefixes: list[str] = []
+    for p, item in enumerate(items):
+        if isinstance(item, str):
+            ids = await state.encode(item, body.add_special_tokens)
+            text = item
+        else:
+            state.check_token_ids(item, "prompt")
+            ids = item
+            text = state.tokenizer.decode(item, skip_special_tokens=False) if body.echo else ""
+        prompt_ids.append(ids)
+        prefixes.append(text if body.echo else "")
+    job = _Job(state, body, CompletionFormat(state), model, prompt_ids, prefixes, params, body.logprobs or 0)
+    return await _respond(job, request)
+
+
+async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
+    body.warn_unknown("/v1/chat/completions")
+    model = state.check_model(body.model)
+    body.check_supported(state.options.max_n)
+    params = body.to_params()
+    messages = body.template_messages()
+    text = await state.render_chat(messages, add_generation_prompt=body.add_generation_prompt,
+                                   continue_final_message=body.continue_final_message,
+                                   template_kwargs=body.chat_template_kwargs)
+    ids = await state.encode(text, body.add_special_tokens)
+    prefix = ""
+    if body.echo and messages[-1].get("role") == "assistant":
+        prefix = messages[-1].get("content") or ""
+    job = _Job(state, body, ChatFormat(state), model, [ids], [prefix], params, body.top_logprobs or 0)
+    return await _respond(job, request)
+
