@@ -126,7 +126,10 @@ def choose_backend(args, platform, dtype, head_dim) -> tuple[str, str | None]:
         sel = select_attention(platform, args.attention_backend, dtype=dtype, head_dim=head_dim,
                                block_size=args.block_size)
         build_attention(platform, sel)
-        return sel.name, None if args.attention_backend == sel.name else f"auto selected `{sel.name}` ({sel.reason})"
+        if args.attention_backend == sel.name:
+            return sel.name, None
+        skipped = "; ".join(f"{n}: {why}" for n, why in sel.skipped)
+        return sel.name, f"auto selected `{sel.name}` ({sel.reason}{'; skipped ' + skipped if skipped else ''})"
     except Exception as exc:  # noqa: BLE001 - any failure to build is reported and, if allowed, falls back
         if not args.fallback_backend or args.fallback_backend == args.attention_backend:
             raise

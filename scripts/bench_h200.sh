@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The H200 performance baseline for Ouro-1.4B shapes (random weights, bf16), in one command:
+#
+#   OUT=benchmarks/results/h200-$(date +%Y%m%d) bash scripts/bench_h200.sh
+#
+# Run from the repository root on a CUDA machine (python3 with torch; Triton optional). Steps:
+#   1. probe the Triton attention backend in its own process (benchmarks/probe_backend.py: fp32
+#      greedy tokens identical to the torch backend); use it if the probe passes, else torch;
+#   2. the offline harness: C=1 / 32 / 64 / 128 at 1K in / 128 out, C=16 at 4K in, one 8K-token
+#      prefill, the eager baselines, and torch-profiler views of C=1 and C=64 decode steps.
+# Writes results.json, results.md, profile.json, profile_summary.md, log.txt, probe.txt and
+# nvidia-smi.txt into $OUT.
+#
+# Sizing (what was cut to fit a ~5-minute device slot; each cut is recorded in results.json):
+#   * requests = C (one closed-loop round) instead of 2*C for every workload;
+#   * each workload has a time budget (budget=s): when the warm-up predicts that three
+#     repetitions do not fit, fewer run (at least one), then fewer output tokens;
+#   * KV: C=128 x 1151 positions x 4 depth planes x 196,608 B = 108 GiB — it fits next to the
+#     weights on a 140 GiB H200 with a Triton backend; the harness shrinks C (recorded) if the
+#     pool plus the backend's temporaries would not fit free memory (the torch backend pads
+#     every row of a mixed prefill step to the longest prompt and needs tens of GiB more).
+set -uo pipefail
+OUT=${OUT:-benchmarks/results/h200-$(date +%Y%m%d)}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export PYTHONPATH=packages/rlt-platform/src:packages/rlt-attention/src:apps/server/src:.${PYTHONPATH:+:$PYTHONPATH}
+PY=${PYTHON:-python3}
+T0=$(date +%s)
+
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi unavailable" > "$OUT/nvidia-smi.txt"
+head -12 "$OUT/nvidia-smi.txt"
+
+BACKEND=${RLT_BENCH_BACKEND:-}
+if [ -z "$BACKEND" ]; then
+  if timeout 180 $PY -m benchmarks.probe_backend --backend triton > "$OUT/probe.txt" 2>&1; then
+    BACKEND=auto
+  else
+    BACKEND=torch
+  fi
+  tail -3 "$OUT/probe.txt"
+fi
+echo "attention backend for the run: $BACKEND (probe took $(( $(date +%s) - T0 )) s)"
+
+$PY -m benchmarks.offline_bench \
+  --model ouro-1.4b --dtype bfloat16 --attention-backend "$BACKEND" --fallback-backend torch \
+  --work-dir /tmp/rlt-bench --out-dir "$OUT" --reps 3 --warmup-output-len 4 \
+  --workload c=1,in=1024,out=128,req=1,budget=30,name=c1-1k \
+  --workload c=32,in=1024,out=128,req=32,budget=30,name=c32-1k \
+  --workload c=64,in=1024,out=128,req=64,budget=40,name=c64-1k \
+  --workload c=128,in=1024,out=128,req=128,budget=50,name=c128-1k \
+  --workload c=16,in=4096,out=128,req=16,budget=35,name=c16-4k \
+  --workload c=1,in=8192,out=1,req=1,budget=20,name=prefill-8k \
+  --baseline reference:c=1,in=1024,out=4 \
+  --baseline dense:c=1,in=1024,out=32 \
+  --baseline dense:c=64,in=1024,out=32 \
+  --profile c=1,in=1024 --profile c=64,in=1024 \
+  2>&1 | tee "$OUT/log.txt"
+rc=${PIPESTATUS[0]}
+echo "bench_h200.sh: exit $rc after $(( $(date +%s) - T0 )) s; results in $OUT"
+exit "$rc"
