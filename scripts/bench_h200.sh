@@ -7,7 +7,8 @@
 #   1. probe the Triton attention backend in its own process (benchmarks/probe_backend.py: fp32
 #      greedy tokens identical to the torch backend); use it if the probe passes, else torch;
 #   2. the offline harness: C=1 / 32 / 64 / 128 at 1K in / 128 out, C=16 at 4K in, one 8K-token
-#      prefill, the eager baselines, and torch-profiler views of C=1 and C=64 decode steps.
+#      prefill, C=64 with adaptive depth (tau=0.7 on the random gate), the eager baselines, and
+#      torch-profiler views of C=1 and C=64 decode steps.
 # Writes results.json, results.md, profile.json, profile_summary.md, log.txt, probe.txt and
 # nvidia-smi.txt into $OUT.
 #
@@ -50,6 +51,7 @@ $PY -m benchmarks.offline_bench \
   --workload c=128,in=1024,out=128,req=128,budget=50,name=c128-1k \
   --workload c=16,in=4096,out=128,req=16,budget=35,name=c16-4k \
   --workload c=1,in=8192,out=1,req=1,budget=20,name=prefill-8k \
+  --workload c=64,in=1024,out=128,req=64,tau=0.7,budget=20,name=c64-1k-adaptive \
   --baseline reference:c=1,in=1024,out=4 \
   --baseline dense:c=1,in=1024,out=32 \
   --baseline dense:c=64,in=1024,out=32 \
