@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from rlt.attention import AttentionBackend, AttentionMetadata, KVCache
 from rlt.platform.errors import CheckpointError
 from rlt.platform.models.base import LoopedModel, ModelFamily, ModelShape
-from rlt.platform.models.fused_norms import add_norm_norm
-from rlt.platform.models.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
+from rlt.platform.models.fused_ops import add_norm_norm, rope_qk_, silu_mul
+from rlt.platform.models.layers import rms_norm, rope_cos_sin, rope_inv_freq
 
 
 @attrs.frozen
@@ -191,18 +191,16 @@ class OuroModel(LoopedModel):
         a = rms_norm(h, self.layers[0].ln_in, eps)
         last = len(self.layers) - 1
         for idx, layer in enumerate(self.layers):
-            q, k, v = F.linear(a, layer.qkv).split((self._q, self._kv, self._kv), dim=-1)
-            q = apply_rope(q.view(n, cfg.num_attention_heads, cfg.head_dim), cos, sin)
-            k = apply_rope(k.view(n, cfg.num_key_value_heads, cfg.head_dim), cos, sin)
-            v = v.view(n, cfg.num_key_value_heads, cfg.head_dim)
+            q, k, v = rope_qk_(F.linear(a, layer.qkv), cos, sin, cfg.num_attention_heads,
+                               cfg.num_key_value_heads, cfg.head_dim)
             attention.write_kv(kv, idx, k, v, meta)
             o = attention.forward(q, kv, idx, meta, self.scale)
             # h += RMS_in2(o_proj(o)); m = RMS_post(h)   (one fused pass on GPU)
             h, m = add_norm_norm(h, F.linear(o, layer.o), layer.ln_in2, layer.ln_post, eps)
-            g, u = F.linear(m, layer.gate_up).chunk(2, dim=-1)
+            act = silu_mul(F.linear(m, layer.gate_up))
             # h += RMS_post2(down(...)); then the next layer's RMS_in(h), or the end-of-loop norm
             nxt = self.norm if idx == last else self.layers[idx + 1].ln_in
-            h, a = add_norm_norm(h, F.linear(F.silu(g) * u, layer.down), layer.ln_post2, nxt, eps)
+            h, a = add_norm_norm(h, F.linear(act, layer.down), layer.ln_post2, nxt, eps)
         return a
 
     def exit_logit(self, hidden: torch.Tensor) -> torch.Tensor:

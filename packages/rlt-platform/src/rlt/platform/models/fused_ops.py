@@ -1,0 +1,155 @@
+"""Fused model kernels for GPUs (Triton), each in the Hugging Face rounding order.
+
+* :func:`add_norm_norm` — residual add of a normalised sub-block output plus the next norm;
+* :func:`rope_qk_` — rotary embedding of q and k in place, in one launch;
+* :func:`silu_mul` — the SwiGLU activation ``silu(gate) * up`` from the fused gate/up output.
+
+Every function keeps each rounding point of the eager op sequence it replaces (a bf16 op in torch
+computes in fp32 and rounds once; the kernels do the same), and falls back to those eager ops where
+Triton cannot run. Together they take an Ouro layer from ~25 launches to ~11.
+
+Sandwich norm:
+
+An Ouro layer ends each sub-block with ``h = h + RMS_b(x)`` and starts the next with
+``RMS_a(h)``. :func:`add_norm_norm` does both in one pass per row: it normalises ``x`` (fp32
+variance, cast to the activation dtype, times the weight in the activation dtype), adds it to the
+residual ``h`` (rounded to the activation dtype), and normalises the new residual with the second
+weight — one kernel instead of about a dozen elementwise launches, with every rounding point of
+the eager order kept (only the order of the fp32 sum inside the variance may differ).
+
+On devices without Triton the same function falls back to the eager ops in ``layers``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rlt.platform.models.layers import apply_rope, rms_norm
+
+try:  # Triton is optional: GPUs only.
+    import triton
+    import triton.language as tl
+    from triton.language.extra import libdevice
+except ImportError:  # pragma: no cover - exercised where triton is absent
+    triton = None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _add_norm_norm_kernel(H, X, W1, W2, OUT_H, OUT_N, stride_h, stride_x, stride_oh, stride_on, n_cols, eps,
+                              HAS_SECOND: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n_cols
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        var = tl.sum(x * x, axis=0) / n_cols
+        xn = (x * tl.rsqrt(var + eps)).to(OUT_H.dtype.element_ty)
+        w1 = tl.load(W1 + cols, mask=mask, other=0.0)
+        t = (w1.to(tl.float32) * xn.to(tl.float32)).to(OUT_H.dtype.element_ty)
+        h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0)
+        hn = (h.to(tl.float32) + t.to(tl.float32)).to(OUT_H.dtype.element_ty)
+        tl.store(OUT_H + row * stride_oh + cols, hn, mask=mask)
+        if HAS_SECOND:
+            hf = hn.to(tl.float32)
+            var2 = tl.sum(hf * hf, axis=0) / n_cols
+            n2 = (hf * tl.rsqrt(var2 + eps)).to(OUT_H.dtype.element_ty)
+            w2 = tl.load(W2 + cols, mask=mask, other=0.0)
+            out = (w2.to(tl.float32) * n2.to(tl.float32)).to(OUT_H.dtype.element_ty)
+            tl.store(OUT_N + row * stride_on + cols, out, mask=mask)
+
+
+    @triton.jit
+    def _rope_kernel(QKV, COS, SIN, stride_tok, stride_cs, n_heads, HEAD_DIM: tl.constexpr, HALF: tl.constexpr):
+        tok = tl.program_id(0)
+        head = tl.program_id(1)
+        offs = tl.arange(0, HALF)
+        base = QKV + tok * stride_tok + head * HEAD_DIM
+        x1 = tl.load(base + offs)
+        x2 = tl.load(base + HALF + offs)
+        dt = x1.dtype
+        c1 = tl.load(COS + tok * stride_cs + offs).to(tl.float32)
+        c2 = tl.load(COS + tok * stride_cs + HALF + offs).to(tl.float32)
+        s1 = tl.load(SIN + tok * stride_cs + offs).to(tl.float32)
+        s2 = tl.load(SIN + tok * stride_cs + HALF + offs).to(tl.float32)
+        # x * cos + rotate_half(x) * sin, rotate_half([x1, x2]) = [-x2, x1]; each product rounded
+        a1 = (x1.to(tl.float32) * c1).to(dt).to(tl.float32)
+        b1 = ((-x2.to(tl.float32)) * s1).to(dt).to(tl.float32)
+        a2 = (x2.to(tl.float32) * c2).to(dt).to(tl.float32)
+        b2 = (x1.to(tl.float32) * s2).to(dt).to(tl.float32)
+        tl.store(base + offs, (a1 + b1).to(dt))
+        tl.store(base + HALF + offs, (a2 + b2).to(dt))
+
+    @triton.jit
+    def _silu_mul_kernel(GU, OUT, stride_gu, stride_out, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = col < n_cols
+        g = tl.load(GU + row * stride_gu + col, mask=mask, other=0.0)
+        u = tl.load(GU + row * stride_gu + n_cols + col, mask=mask, other=0.0)
+        gf = g.to(tl.float32)
+        act = (gf / (1.0 + libdevice.exp(-gf))).to(g.dtype)  # accurate exp, as torch's silu
+        tl.store(OUT + row * stride_out + col, (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=mask)
+
+
+def triton_usable(t: torch.Tensor) -> bool:
+    import os
+
+    return triton is not None and (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def add_norm_norm(h: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor | None, eps: float,
+                  use_triton: bool | None = None):
+    """Return ``(h + RMS_w1(x), RMS_w2(h + RMS_w1(x)))`` (the second is None when ``w2`` is None)."""
+    if use_triton is None:
+        use_triton = triton_usable(h)
+    if not use_triton:
+        hn = h + rms_norm(x, w1, eps)
+        return hn, (rms_norm(hn, w2, eps) if w2 is not None else None)
+    rows, cols = h.shape
+    out_h = torch.empty_like(h)
+    out_n = torch.empty_like(h) if w2 is not None else out_h
+    block = triton.next_power_of_2(cols)
+    _add_norm_norm_kernel[(rows,)](
+        h, x, w1, w2 if w2 is not None else w1, out_h, out_n, h.stride(0), x.stride(0), out_h.stride(0),
+        out_n.stride(0), cols, eps, HAS_SECOND=w2 is not None, BLOCK=block, num_warps=4 if block <= 2048 else 8)
+    return out_h, (out_n if w2 is not None else None)
+
+
+def rope_qk_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_q_heads: int, num_kv_heads: int,
+             head_dim: int, use_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rotate the q and k parts of the fused projection ``qkv [N, (nq + 2 nkv) d]`` in place.
+
+    Returns views ``q [N, nq, d]``, ``k [N, nkv, d]``, ``v [N, nkv, d]``.
+    """
+    n = qkv.shape[0]
+    qd, kd = num_q_heads * head_dim, num_kv_heads * head_dim
+    if use_triton is None:
+        use_triton = triton_usable(qkv)
+    if use_triton and n and qkv.stride(-1) == 1 and (head_dim & (head_dim - 1)) == 0:
+        _rope_kernel[(n, num_q_heads + num_kv_heads)](
+            qkv, cos, sin, qkv.stride(0), cos.stride(0), num_q_heads + num_kv_heads,
+            HEAD_DIM=head_dim, HALF=head_dim // 2, num_warps=1)
+        q = qkv[:, :qd].view(n, num_q_heads, head_dim)
+        k = qkv[:, qd:qd + kd].view(n, num_kv_heads, head_dim)
+    else:
+        q = apply_rope(qkv[:, :qd].reshape(n, num_q_heads, head_dim), cos, sin)
+        k = apply_rope(qkv[:, qd:qd + kd].reshape(n, num_kv_heads, head_dim), cos, sin)
+    v = qkv[:, qd + kd:].view(n, num_kv_heads, head_dim)
+    return q, k, v
+
+
+def silu_mul(gate_up: torch.Tensor, use_triton: bool | None = None) -> torch.Tensor:
+    """``silu(g) * u`` for ``gate_up = [g | u]`` of shape ``[N, 2I]``."""
+    if use_triton is None:
+        use_triton = triton_usable(gate_up)
+    inter = gate_up.shape[1] // 2
+    if not use_triton or gate_up.shape[0] == 0:
+        g, u = gate_up.chunk(2, dim=-1)
+        return F.silu(g) * u
+    out = torch.empty((gate_up.shape[0], inter), dtype=gate_up.dtype, device=gate_up.device)
+    block = 1024
+    _silu_mul_kernel[(gate_up.shape[0], triton.cdiv(inter, block))](
+        gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4)
+    return out
