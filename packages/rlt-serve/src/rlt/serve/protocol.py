@@ -294,6 +294,9 @@ class TokenizeRequest(_Body):
             raise BadRequest("give exactly one of prompt or messages", "prompt")
         if self.messages is not None and not self.messages:
             raise BadRequest("messages: must hold at least one message", "messages")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise BadRequest("continue_final_message: needs add_generation_prompt set to false",
+                             "continue_final_message")
 
 
 class DetokenizeRequest(_Body):

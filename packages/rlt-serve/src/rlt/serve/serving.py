@@ -208,6 +208,7 @@ class _Job:
         hold = max((len(s) for s in params.stop), default=1) - 1
         self.choices = {p * self.n + i: ChoiceStream(p * self.n + i, ids, prefixes[p], hold)
                         for p, ids in enumerate(prompt_ids) for i in range(self.n)}
+        fmt.offsets = {index: len(cs.prefix) for index, cs in self.choices.items()}  # logprobs text_offset
 
     def engine_requests(self) -> list[tuple[int, str, list[int], SamplingParams]]:
         reqs = []

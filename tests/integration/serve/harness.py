@@ -1,0 +1,63 @@
+"""Test harness: ``rlt-server serve`` plus a test-only feature, composed through the same
+Feature contract as real ones.
+
+The ``test_gate`` feature wraps the executor: every step first waits on a gate (closed with
+``POST /_test/gate/close``, opened with ``/_test/gate/open``; it reopens by itself after 60 s so
+a failed test cannot hang the server), and a step that runs a request with ``top_k == 317``
+raises, as an engine fault would. Tests use it to hold requests in flight deterministically.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from fastapi import APIRouter
+
+from rlt.platform.engine.executor import EagerExecutor
+from rlt.platform.features import Feature
+from rlt_server import serve
+from rlt_server.cli import build_parser
+from rlt_server.common import run_guarded
+
+POISON_TOP_K = 317
+GATE = threading.Event()
+GATE.set()
+router = APIRouter()
+
+
+@router.post("/_test/gate/{action}")
+async def gate(action: str):
+    (GATE.clear if action == "close" else GATE.set)()
+    return {"open": GATE.is_set()}
+
+
+class GatedExecutor:
+    def __init__(self, inner: EagerExecutor, table) -> None:
+        self.inner, self.table = inner, table
+
+    def execute(self, batch):
+        if not GATE.wait(60):
+            GATE.set()
+        if (self.table.top_k[batch.slots] == POISON_TOP_K).any():
+            raise RuntimeError("injected fault (test harness)")
+        return self.inner.execute(batch)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _install(builder, options) -> None:
+    def factory(model, cache, attention, table, **kw):
+        return GatedExecutor(EagerExecutor(model, cache, attention, table, **kw), table)
+
+    builder.executor_factory = factory
+    builder.http_routers.append(router)
+
+
+TEST_GATE = Feature(name="test_gate", package="tests", description="test-only step gate and fault injection",
+                    install=_install)
+
+if __name__ == "__main__":
+    args = build_parser().parse_args(sys.argv[1:])
+    sys.exit(run_guarded(lambda: serve.run(args, extra_features=[TEST_GATE])))

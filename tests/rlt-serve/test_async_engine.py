@@ -1,0 +1,246 @@
+"""The engine thread and its asyncio front end, on a real tiny engine (no HTTP).
+
+Covers: outputs equal offline generation, abort frees KV, the bounded admission (Overloaded),
+all-or-nothing admission of invalid requests, engine faults inside and outside the engine's own
+guard (only the touched requests fail, the loop goes on, faults are counted), the thread dying
+(every request fails, the front end reports itself dead), and stop() aborting what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rlt.platform import EngineConfig, LLMEngine, SamplingParams
+from rlt.platform.engine.llm import LLM
+from rlt.platform.errors import InvalidRequestError
+from rlt.serve.async_engine import AsyncEngine
+from rlt.serve.errors import EngineDead, Overloaded
+from rlt.serve.metrics import ServerMetrics
+
+POISON_TOP_K = 317
+
+
+def _engine(path, **kw):
+    kw.setdefault("num_kv_blocks", 256)
+    kw.setdefault("max_num_seqs", 8)
+    return LLMEngine(EngineConfig(model=str(path), dtype="float32", **kw))
+
+
+def _front(engine, capacity=16):
+    metrics = ServerMetrics("tiny", engine.num_loops)
+    front = AsyncEngine(engine, capacity=capacity, retry_after=2, metrics=metrics)
+    metrics.bind_in_flight(lambda: front.in_flight)
+    return front, metrics
+
+
+async def _finals(gen):
+    finals = {}
+    async for item in gen:
+        if item.finished:
+            finals[item.index] = item
+    return finals
+
+
+async def _until(pred, steps=400):
+    for _ in range(steps):
+        if pred():
+            return True
+        await asyncio.sleep(0.01)
+    return pred()
+
+
+def _poison(engine):
+    inner = engine.executor.execute
+
+    def execute(batch):
+        if (engine.table.top_k[batch.slots] == POISON_TOP_K).any():
+            raise RuntimeError("injected fault")
+        return inner(batch)
+
+    engine.executor.execute = execute
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_checkpoint):
+    return tiny_checkpoint(seed=7)
+
+
+def test_outputs_equal_offline_generation(ckpt):
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [20, 21]]
+    params = [SamplingParams(max_tokens=6, temperature=0.9, seed=100 + i, ignore_eos=True) for i in range(3)]
+    want = LLM.from_config(EngineConfig(model=str(ckpt), dtype="float32", num_kv_blocks=256)).generate(prompts, params)
+
+    async def main():
+        front, metrics = _front(_engine(ckpt))
+        await front.start()
+        gen = await front.generate([(i, f"r{i}", p, params[i]) for i, p in enumerate(prompts)])
+        finals = await _finals(gen)
+        await front.stop()
+        return finals, front, metrics
+
+    finals, front, metrics = asyncio.run(main())
+    for i, w in enumerate(want):
+        out = finals[i].output
+        assert out.token_ids == w.token_ids and out.text == w.text and out.exit_depths == w.exit_depths
+        assert out.finish_reason == "length"
+    assert front.in_flight == 0
+    text = metrics.render().decode()
+    assert 'rlt:requests_total{model_name="tiny",outcome="length"} 3.0' in text
+    assert 'rlt:generation_tokens_total{model_name="tiny"} 18.0' in text
+    assert 'rlt:prompt_tokens_total{model_name="tiny"} 10.0' in text
+    assert 'rlt:token_exit_depth_count{model_name="tiny"} 18.0' in text
+    assert 'rlt:mean_exit_depth{model_name="tiny"} 4.0' in text
+
+
+def test_abort_frees_kv_and_slot(ckpt):
+    async def main():
+        front, _ = _front(_engine(ckpt))
+        await front.start()
+        gen = await front.generate([(0, "long", [5, 6, 7], SamplingParams(max_tokens=200, ignore_eos=True))])
+        seen = []
+        async for item in gen:
+            seen.append(item)
+            if len(seen) == 1:
+                assert front.stats().kv_usage > 0
+                gen.abort()
+        assert await _until(lambda: front.stats().kv_usage == 0.0 and front.stats().num_running == 0)
+        in_flight = front.in_flight
+        await front.stop()
+        return seen, in_flight
+
+    seen, in_flight = asyncio.run(main())
+    last = seen[-1].output
+    assert last.finished and last.finish_reason == "abort" and len(last.token_ids) < 200
+    assert in_flight == 0
+
+
+def test_admission_is_bounded(ckpt):
+    async def main():
+        front, _ = _front(_engine(ckpt), capacity=2)
+        await front.start()
+        sp = SamplingParams(max_tokens=2)
+        with pytest.raises(Overloaded) as info:
+            await front.generate([(i, f"x{i}", [5, 6], sp) for i in range(3)])
+        assert front.in_flight == 0  # nothing was queued
+        gen = await front.generate([(i, f"y{i}", [5, 6], sp) for i in range(2)])
+        with pytest.raises(Overloaded):
+            await front.generate([(0, "z", [5, 6], sp)])
+        finals = await _finals(gen)
+        gen2 = await front.generate([(0, "z", [5, 6], sp)])  # capacity is back once they finished
+        await _finals(gen2)
+        await front.stop()
+        return info.value, finals
+
+    err, finals = asyncio.run(main())
+    assert err.status == 503 and err.headers == {"Retry-After": "2"}
+    assert len(finals) == 2
+
+
+def test_invalid_request_admits_nothing(ckpt):
+    async def main():
+        front, _ = _front(_engine(ckpt, max_model_len=32))
+        await front.start()
+        good = (0, "good", [5, 6], SamplingParams(max_tokens=100, ignore_eos=True))
+        with pytest.raises(InvalidRequestError, match="maximum context length"):
+            await front.generate([good, (1, "bad", list(range(3, 40)), SamplingParams(max_tokens=2))])
+        with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+            await front.generate([(0, "oov", [5, 10**6], SamplingParams())])
+        settled = await _until(lambda: front.in_flight == 0 and front.stats().num_running == 0)
+        await front.stop()
+        return settled
+
+    assert asyncio.run(main())
+
+
+def test_fault_inside_a_step_fails_only_the_requests_of_that_step(ckpt):
+    async def main():
+        engine = _engine(ckpt, max_num_seqs=1)
+        _poison(engine)
+        front, metrics = _front(engine)
+        await front.start()
+        bad = await front.generate([(0, "bad", [5, 6], SamplingParams(max_tokens=4, top_k=POISON_TOP_K))])
+        good = await front.generate([(0, "good", [5, 6], SamplingParams(max_tokens=4))])  # waits: one slot
+        bad_final, good_final = (await _finals(bad))[0], (await _finals(good))[0]
+        await front.stop()
+        return bad_final, good_final, metrics, front
+
+    bad, good, metrics, front = asyncio.run(main())
+    assert bad.output.finish_reason == "abort" and "injected fault" in bad.output.error
+    assert good.output.error is None and good.output.finish_reason == "length"
+    assert 'rlt:engine_faults_total{model_name="tiny"} 1.0' in metrics.render().decode()
+    assert 'outcome="error"} 1.0' in metrics.render().decode()
+
+
+def test_fault_outside_the_engine_guard_is_contained(ckpt):
+    async def main():
+        engine = _engine(ckpt)
+        real_step = engine.step
+        calls = {"n": 0}
+
+        def step():
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("scheduler bug")
+            return real_step()
+
+        engine.step = step
+        front, metrics = _front(engine)
+        await front.start()
+        gen = await front.generate([(0, "a", [5, 6], SamplingParams(max_tokens=8, ignore_eos=True))])
+        first = (await _finals(gen))[0]
+        after = await front.generate([(0, "b", [5, 6], SamplingParams(max_tokens=3))])
+        second = (await _finals(after))[0]
+        faults = front.thread_faults
+        await front.stop()
+        return first, second, faults, metrics, front
+
+    first, second, faults, metrics, front = asyncio.run(main())
+    assert first.output.finish_reason == "abort" and "scheduler bug" in first.output.error
+    assert second.output.finish_reason == "length" and second.output.error is None
+    assert faults == 1 and front.in_flight == 0
+    assert 'rlt:engine_faults_total{model_name="tiny"} 1.0' in metrics.render().decode()
+
+
+def test_thread_death_fails_everything_and_reports_dead(ckpt):
+    async def main():
+        engine = _engine(ckpt)
+        real_stats = engine.stats
+        state = {"armed": False}
+
+        def stats():
+            if state["armed"]:
+                raise SystemError("corrupted")
+            return real_stats()
+
+        engine.stats = stats
+        front, _ = _front(engine)
+        await front.start()
+        gen = await front.generate([(0, "a", [5, 6], SamplingParams(max_tokens=100, ignore_eos=True))])
+        state["armed"] = True
+        final = (await _finals(gen))[0]
+        assert await _until(lambda: not front.alive)
+        with pytest.raises(EngineDead):
+            await front.generate([(0, "b", [5, 6], SamplingParams())])
+        return final, front
+
+    final, front = asyncio.run(main())
+    assert final.output is None and "engine thread died" in final.error
+    assert "SystemError" in front.dead_reason and front.in_flight == 0
+
+
+def test_stop_aborts_what_is_left(ckpt):
+    async def main():
+        front, _ = _front(_engine(ckpt))
+        await front.start()
+        gen = await front.generate([(0, "a", [5, 6], SamplingParams(max_tokens=200, ignore_eos=True))])
+        it = gen.__aiter__()
+        await it.__anext__()
+        await front.stop()
+        rest = [item async for item in it]
+        return rest, front
+
+    rest, front = asyncio.run(main())
+    assert rest[-1].output.finish_reason == "abort"
+    assert not front.alive and front.in_flight == 0
