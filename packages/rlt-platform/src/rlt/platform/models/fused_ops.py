@@ -22,6 +22,8 @@ On devices without Triton the same function falls back to the eager ops in ``lay
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -82,21 +84,27 @@ if triton is not None:
         tl.store(base + HALF + offs, (a2 + b2).to(dt))
 
     @triton.jit
-    def _silu_mul_kernel(GU, OUT, stride_gu, stride_out, n_cols, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(GU, OUT, stride_gu, stride_out, n_cols, BLOCK: tl.constexpr, ACCURATE_EXP: tl.constexpr):
         row = tl.program_id(0)
         col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = col < n_cols
         g = tl.load(GU + row * stride_gu + col, mask=mask, other=0.0)
         u = tl.load(GU + row * stride_gu + n_cols + col, mask=mask, other=0.0)
         gf = g.to(tl.float32)
-        act = (gf / (1.0 + libdevice.exp(-gf))).to(g.dtype)  # accurate exp, as torch's silu
+        if ACCURATE_EXP:  # libdevice expf, as torch's silu (the interpreter has no libdevice)
+            e = libdevice.exp(-gf)
+        else:
+            e = tl.exp(-gf)
+        act = (gf / (1.0 + e)).to(g.dtype)
         tl.store(OUT + row * stride_out + col, (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=mask)
 
 
-def triton_usable(t: torch.Tensor) -> bool:
-    import os
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
-    return triton is not None and (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+
+def triton_usable(t: torch.Tensor) -> bool:
+    return triton is not None and (t.is_cuda or _interpreting())
 
 
 def add_norm_norm(h: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor | None, eps: float,
@@ -151,5 +159,5 @@ def silu_mul(gate_up: torch.Tensor, use_triton: bool | None = None) -> torch.Ten
     out = torch.empty((gate_up.shape[0], inter), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
     _silu_mul_kernel[(gate_up.shape[0], triton.cdiv(inter, block))](
-        gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4)
+        gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=block, ACCURATE_EXP=not _interpreting(), num_warps=4)
     return out
