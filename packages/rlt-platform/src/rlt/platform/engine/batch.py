@@ -14,12 +14,14 @@ import torch
 
 from rlt.attention import AttentionMetadata, KVLayout
 from rlt.platform.engine.slots import SlotTable
+from rlt.platform.engine.staging import Staging
 from rlt.platform.kv import KVPool
 
 
 @attrs.frozen(eq=False)
 class StepBatch:
     slots: np.ndarray  # [R] host, in row order
+    slots_device: torch.Tensor  # the same, on the device
     depth: np.ndarray  # [R] 0-based loop each row runs
     num_depth0: int  # rows [0, num_depth0) start from embeddings
     num_single: int  # rows [num_depth0, num_depth0 + num_single) are deeper one-token rows
@@ -41,7 +43,7 @@ class StepBatch:
         return len(self.slots)
 
 
-def build_step_batch(requests, table: SlotTable, pool: KVPool, device: torch.device) -> StepBatch:
+def build_step_batch(requests, table: SlotTable, pool: KVPool, staging: Staging) -> StepBatch:
     slots_in = np.fromiter((r.slot for r in requests), np.int64, len(requests))
     depth_in = table.depth[slots_in]
     len_in = table.chunk_len[slots_in]
@@ -57,7 +59,7 @@ def build_step_batch(requests, table: SlotTable, pool: KVPool, device: torch.dev
     # Tokens of depth-0 rows (decode rows: the token sampled last; prompt rows: their slice).
     ordered_reqs = [requests[i] for i in order[:num_depth0]]
     pieces = [r.all_token_ids[r.chunk_start:r.chunk_start + r.chunk_len] for r in ordered_reqs]
-    embed_ids = np.fromiter((t for p in pieces for t in p), np.int64) if pieces else np.zeros(0, np.int64)
+    embed_ids = np.fromiter((t for p in pieces for t in p), np.int64)
 
     cu = np.zeros(len(slots) + 1, np.int64)
     np.cumsum(lens, out=cu[1:])
@@ -79,25 +81,32 @@ def build_step_batch(requests, table: SlotTable, pool: KVPool, device: torch.dev
     fixed_exit = loop >= max_loops
     threshold = np.where(adaptive, table.threshold[slots], 2.0).astype(np.float32)
 
-    t = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dt)  # noqa: E731
+    dev = staging.upload({
+        "query_start_loc": cu.astype(np.int32), "seq_lens": seq_lens.astype(np.int32),
+        "query_depth": depth.astype(np.int32), "block_tables": pool.block_tables[slots],
+        "slot_mapping": slot_mapping, "plane0": plane0, "token_query_depth": depth[tok_row].astype(np.int32),
+        "positions": tok_pos.astype(np.int64), "embed_ids": embed_ids, "row_last_token": (cu[1:] - 1).astype(np.int64),
+        "slots": slots.astype(np.int64), "loop": loop.astype(np.int32),
+        "min_loops": table.min_loops[slots].astype(np.int32), "max_loops": max_loops.astype(np.int32),
+        "threshold": threshold,
+    })
     meta = AttentionMetadata(
-        query_start_loc=t(cu, torch.int32),
-        seq_lens=t(seq_lens, torch.int32),
-        query_depth=t(depth, torch.int32),
-        block_tables=pool.device_tables(slots, device),
-        slot_mapping=t(slot_mapping, torch.int64),
-        plane0_slot_mapping=t(plane0, torch.int64),
-        token_query_depth=t(depth[tok_row], torch.int32),
-        positions=t(tok_pos, torch.int64),
+        query_start_loc=dev["query_start_loc"],
+        seq_lens=dev["seq_lens"],
+        query_depth=dev["query_depth"],
+        block_tables=dev["block_tables"],
+        slot_mapping=dev["slot_mapping"],
+        plane0_slot_mapping=dev["plane0"],
+        token_query_depth=dev["token_query_depth"],
+        positions=dev["positions"],
         max_query_len=int(lens.max()) if len(lens) else 0,
         max_seq_len=int(seq_lens.max()) if len(seq_lens) else 0,
         layout=pool.layout,
     )
     return StepBatch(
         slots=slots, depth=depth, num_depth0=num_depth0, num_single=num_single,
-        embed_token_ids=t(embed_ids, torch.int64), meta=meta,
-        row_last_token=t(cu[1:] - 1, torch.int64), row_token_start=cu[:-1], row_len=lens,
+        embed_token_ids=dev["embed_ids"], meta=meta, slots_device=dev["slots"],
+        row_last_token=dev["row_last_token"], row_token_start=cu[:-1], row_len=lens,
         fixed_exit=fixed_exit, adaptive=adaptive, samples=table.samples[slots],
-        loop=t(loop, torch.int32), min_loops=t(table.min_loops[slots], torch.int32),
-        max_loops=t(max_loops, torch.int32), threshold=t(threshold, torch.float32),
+        loop=dev["loop"], min_loops=dev["min_loops"], max_loops=dev["max_loops"], threshold=dev["threshold"],
     )

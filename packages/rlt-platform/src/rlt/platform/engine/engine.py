@@ -29,6 +29,7 @@ from rlt.platform.engine.executor import EagerExecutor, StepResult
 from rlt.platform.engine.request import Request, RequestStatus
 from rlt.platform.engine.scheduler import Scheduler
 from rlt.platform.engine.slots import SlotTable
+from rlt.platform.engine.staging import Staging
 from rlt.platform.errors import ConfigError, InvalidRequestError
 from rlt.platform.kv import KVPool
 from rlt.platform.outputs import RequestMetrics, RequestOutput, TokenLogprob
@@ -101,6 +102,7 @@ class LLMEngine:
                                  layout=config.kv_layout, dtype=self.dtype, device=self.device)
         self.pool = KVPool(cache, max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
         self.table = SlotTable(config.max_num_seqs)
+        self.staging = Staging(self.device)
         self.scheduler = Scheduler(self.pool, self.table, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=self.max_num_batched_tokens)
         factory = executor_factory or EagerExecutor
@@ -212,7 +214,7 @@ class LLMEngine:
             return outputs
         self.num_steps += 1
         try:
-            batch = build_step_batch(rows, self.table, self.pool, self.device)
+            batch = build_step_batch(rows, self.table, self.pool, self.staging)
             result = self.executor.execute(batch).result()
         except Exception as exc:  # an engine fault: abort what this step touched, stay up
             self.num_faults += 1

@@ -18,6 +18,7 @@ from rlt.platform.engine.batch import StepBatch
 from rlt.platform.engine.exit_policy import OuroGateExit
 from rlt.platform.engine.sampler import build_sampling_batch, sample
 from rlt.platform.engine.slots import SlotTable
+from rlt.platform.engine.staging import Staging
 from rlt.platform.models.base import LoopedModel
 
 
@@ -66,6 +67,7 @@ class EagerExecutor:
         self.hidden = torch.zeros(max_num_seqs, hidden_size, dtype=model.dtype, device=device)
         self.remaining = torch.ones(max_num_seqs, dtype=torch.float32, device=device)
         self.chunk_hidden: dict[int, torch.Tensor] = {}
+        self.staging = Staging(device)
 
     def release(self, slot: int) -> None:
         self.chunk_hidden.pop(slot, None)
@@ -75,8 +77,7 @@ class EagerExecutor:
         if b.num_depth0:
             parts.append(self.model.prelude(b.embed_token_ids))
         if b.num_single:
-            idx = torch.from_numpy(b.slots[b.num_depth0:b.num_depth0 + b.num_single]).to(self.device)
-            parts.append(self.hidden.index_select(0, idx))
+            parts.append(self.hidden.index_select(0, b.slots_device[b.num_depth0:b.num_depth0 + b.num_single]))
         parts.extend(self.chunk_hidden[int(s)] for s in b.slots[b.num_depth0 + b.num_single:])
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -89,11 +90,13 @@ class EagerExecutor:
         rope = self.model.rotary(meta.positions)
         h = self.model.recurrent(x, rope, self.kv, self.attention, meta)
         last = h.index_select(0, b.row_last_token)
-        slots_dev = torch.from_numpy(b.slots).to(self.device)
+        slots_dev = b.slots_device
 
         # Keep every row's state for its next loop (cheap; exited rows are simply overwritten).
         single = b.row_len == 1
-        if single.any():
+        if single.all():
+            self.hidden.index_copy_(0, slots_dev, last)
+        elif single.any():
             sel = torch.from_numpy(np.nonzero(single)[0]).to(self.device)
             self.hidden.index_copy_(0, slots_dev[sel], last[sel])
         for i in np.nonzero(~single)[0]:
@@ -102,9 +105,7 @@ class EagerExecutor:
 
         # Exit decision.
         if b.adaptive.any():
-            remaining = torch.where(
-                torch.from_numpy(b.depth == 0).to(self.device), 1.0, self.remaining.index_select(0, slots_dev)
-            )
+            remaining = torch.where(b.loop == 1, 1.0, self.remaining.index_select(0, slots_dev))
             exit_dev, remaining = self.exit_policy.decide(
                 self.model.exit_logit(last), remaining, b.loop, b.min_loops, b.max_loops, b.threshold
             )
@@ -116,9 +117,11 @@ class EagerExecutor:
         rows = np.nonzero(exited & b.samples)[0]
         if len(rows) == 0:
             return CompletedStep(StepResult(exited, rows, np.zeros(0, np.int64), None, None, None))
-        rows_dev = torch.from_numpy(rows).to(self.device)
-        logits = self.model.coda(last.index_select(0, rows_dev))
-        sb = build_sampling_batch(self.table, b.slots[rows], self.device)
+        if len(rows) == b.num_rows:
+            logits = self.model.coda(last)
+        else:
+            logits = self.model.coda(last.index_select(0, torch.from_numpy(rows).to(self.device)))
+        sb = build_sampling_batch(self.table, b.slots[rows], self.staging)
         out = sample(logits, sb)
         host = lambda t: None if t is None else t.cpu().numpy()  # noqa: E731
         return CompletedStep(StepResult(exited, rows, host(out.token_ids), host(out.logprobs),

@@ -110,24 +110,25 @@ def split_seed(seed: int) -> tuple[int, int]:
     return s & _M32, s >> 32
 
 
-def build_sampling_batch(table, slots: np.ndarray, device: torch.device) -> SamplingBatch:
+def build_sampling_batch(table, slots: np.ndarray, staging) -> SamplingBatch:
     """Gather the sampling parameters of ``slots`` from the host slot table (no per-row Python)."""
     temp = table.temperature[slots]
     top_p = table.top_p[slots]
     top_k = table.top_k[slots]
     generated = table.num_generated[slots]
-    suppress = None
+    arrays = {"temperature": temp, "top_p": top_p, "top_k": top_k, "seed_lo": table.seed_lo[slots],
+              "seed_hi": table.seed_hi[slots], "step": generated}
     if table.stop_ids.shape[1]:
         needs = generated < table.min_tokens[slots]
         if needs.any():
             ids = table.stop_ids[slots].copy()
             ids[~needs] = -1
-            suppress = torch.from_numpy(ids).to(device)
+            arrays["suppress"] = ids
+    dev = staging.upload(arrays)
     lp = table.logprobs[slots]
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     return SamplingBatch(
-        temperature=t(temp), top_p=t(top_p), top_k=t(top_k), seed_lo=t(table.seed_lo[slots]),
-        seed_hi=t(table.seed_hi[slots]), step=t(generated), suppress=suppress,
+        temperature=dev["temperature"], top_p=dev["top_p"], top_k=dev["top_k"], seed_lo=dev["seed_lo"],
+        seed_hi=dev["seed_hi"], step=dev["step"], suppress=dev.get("suppress"),
         all_greedy=bool((temp == 0).all()), any_top=bool(((top_k > 0) | (top_p < 1.0)).any()),
         max_logprobs=int(lp.max()) if len(lp) else -1,
     )

@@ -1,0 +1,64 @@
+"""One host-to-device copy per step for all of a step's small metadata arrays.
+
+Arrays are grouped by element size (4 or 8 bytes; float32 travels as its int32 bit pattern),
+packed into one buffer per group and copied once, then split on the device into views — no
+extra kernels. On CUDA-like devices the packed buffer is pinned and copied asynchronously; a
+buffer is reused only after the event recorded behind its previous copy has completed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_GROUPS = {4: (np.int32, torch.int32), 8: (np.int64, torch.int64)}
+
+
+class Staging:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._pinned = device.type == "cuda"
+        self._buffers: dict[tuple[int, int], torch.Tensor] = {}
+        self._events: dict[tuple[int, int], object] = {}
+        self._flip = 0
+
+    def _host_buffer(self, size: int, nbytes: int) -> torch.Tensor:
+        key = (size, self._flip)
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < nbytes:
+            dtype = _GROUPS[size][1]
+            buf = torch.empty(max(nbytes, 1024), dtype=dtype, pin_memory=True)
+            self._buffers[key] = buf
+        event = self._events.get(key)
+        if event is not None:
+            event.synchronize()
+        return buf
+
+    def upload(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for size, (np_dtype, torch_dtype) in _GROUPS.items():
+            names = [n for n, a in arrays.items() if a.dtype.itemsize == size]
+            if not names:
+                continue
+            flat = [np.ascontiguousarray(arrays[n]).reshape(-1).view(np_dtype) for n in names]
+            packed = np.concatenate(flat) if len(flat) > 1 else flat[0]
+            host = torch.from_numpy(packed)
+            if self._pinned:
+                buf = self._host_buffer(size, packed.size)[: packed.size]
+                buf.copy_(host)
+                dev = buf.to(self.device, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+                self._events[(size, self._flip)] = event
+            else:
+                dev = host.to(self.device)
+            offset = 0
+            for n, a in zip(names, flat):
+                piece = dev[offset:offset + a.size]
+                offset += a.size
+                src = arrays[n]
+                if src.dtype.kind == "f":
+                    piece = piece.view(torch.float32 if size == 4 else torch.float64)
+                out[n] = piece.view(src.shape)
+        self._flip ^= 1
+        return out
