@@ -129,23 +129,21 @@ def test_logprobs_and_echo(client):
     assert len(content) == 2 and all(len(t.top_logprobs) == 3 for t in content)
 
 
-def test_stop_strings_and_stop_tokens(client, offline):
-    base = client.completions.create(model="tiny", prompt="The fox", max_tokens=12, temperature=0,
-                                     extra_body={"ignore_eos": True})
-    text = base.choices[0].text
-    assert len(text) >= 4, text  # the fixed checkpoint's greedy text; the stop string is taken from it
-    stop = text[2:4]
-    r = client.completions.create(model="tiny", prompt="The fox", max_tokens=12, temperature=0, stop=[stop],
-                                  extra_body={"ignore_eos": True})
+def test_stop_strings_and_stop_tokens(client):
+    kw = dict(model="tiny", prompt="The fox", max_tokens=12, temperature=1.0, seed=1)
+    base = client.completions.create(**kw, extra_body={"ignore_eos": True, "return_token_ids": True})
+    text, ids = base.choices[0].text, base.choices[0].token_ids
+    # a two-character ASCII stop string taken from the middle of this fixed checkpoint's sampled text
+    stop = next((text[i:i + 2] for i in range(1, len(text) - 1) if text[i:i + 2].isascii() and text[i:i + 2].isalnum()),
+                None)
+    assert stop is not None, repr(text)
+    r = client.completions.create(**kw, stop=[stop], extra_body={"ignore_eos": True})
     assert r.choices[0].finish_reason == "stop" and r.choices[0].stop_reason == stop
     assert r.choices[0].text == text[:text.find(stop)]
-    streamed = client.completions.create(model="tiny", prompt="The fox", max_tokens=12, temperature=0,
-                                         stop=[stop], stream=True, extra_body={"ignore_eos": True})
+    streamed = client.completions.create(**kw, stop=[stop], stream=True, extra_body={"ignore_eos": True})
     assert "".join(c.choices[0].text for c in streamed) == r.choices[0].text
-    ids = client.completions.create(model="tiny", prompt="The fox", max_tokens=12, temperature=0,
-                                    extra_body={"ignore_eos": True, "return_token_ids": True}).choices[0].token_ids
-    r = client.completions.create(model="tiny", prompt="The fox", max_tokens=12, temperature=0,
-                                  extra_body={"ignore_eos": True, "stop_token_ids": [ids[2]], "return_token_ids": True})
+    r = client.completions.create(**kw, extra_body={"ignore_eos": True, "stop_token_ids": [ids[2]],
+                                                    "return_token_ids": True})
     assert r.choices[0].finish_reason == "stop" and r.choices[0].stop_reason == ids[2]
     assert r.choices[0].token_ids == ids[:ids.index(ids[2]) + 1]
 

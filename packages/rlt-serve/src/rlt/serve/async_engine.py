@@ -222,6 +222,21 @@ class AsyncEngine:
         if thread.is_alive():
             log.error("engine thread did not stop within %.0f s", timeout)
 
+    def begin_shutdown(self, grace: float) -> None:
+        """Refuse new requests from now on, and abort the in-flight ones after ``grace`` seconds
+        (their clients then get a normal end with ``finish_reason: "abort"``)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        assert self._loop is not None
+        self._loop.call_later(max(0.0, grace), self.abort_all)
+
+    def abort_all(self) -> None:
+        if self._routes:
+            log.warning("aborting %d in-flight request(s) at shutdown", len(self._routes))
+        for rid in list(self._routes):
+            self.abort(rid)
+
     @property
     def alive(self) -> bool:
         return self._dead is None and self._thread is not None and self._thread.is_alive()

@@ -1,9 +1,9 @@
 """Run the HTTP server over a built engine: state, app, uvicorn, graceful shutdown.
 
-Shutdown on SIGINT or SIGTERM (uvicorn's handlers): stop accepting connections, let in-flight
-requests run for up to ``--shutdown-timeout`` seconds, cancel what is still running (each
-cancelled handler aborts its engine requests), then the lifespan stops the engine thread, which
-aborts anything left and frees its KV. A SIGTERM-initiated shutdown that completed exits 0;
+Shutdown on SIGINT or SIGTERM (uvicorn's handlers): stop accepting connections and refuse new
+requests (503), let in-flight requests run for up to ``--shutdown-timeout`` seconds, then abort
+what is still running — each client gets a normal end with ``finish_reason: "abort"`` — and the
+lifespan stops the engine thread, which aborts anything left and frees its KV. A SIGTERM-initiated shutdown that completed exits 0;
 SIGINT follows the usual KeyboardInterrupt path (exit 130 through the CLI).
 
 Must not: parse command lines (the app does) or import feature packages.
@@ -29,6 +29,8 @@ from rlt.serve.metrics import ServerMetrics
 from rlt.serve.state import ServerState
 
 log = logging.getLogger("rlt.serve")
+#: seconds after the grace period before uvicorn cancels handlers that still have not finished
+_BACKSTOP_S = 5
 
 
 def build_state(engine: LLMEngine, *, statuses: Iterable, options: HttpOptions, served_names: list[str],
@@ -50,16 +52,31 @@ def build_state(engine: LLMEngine, *, statuses: Iterable, options: HttpOptions, 
     )
 
 
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, telling the front end when shutdown begins: new requests get 503, and
+    what is still running after the grace period is aborted, so every client gets a proper end
+    (``finish_reason: "abort"``) instead of a cut connection. uvicorn's own cancellation, a few
+    seconds later, is only a backstop."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self._state = state
+
+    async def shutdown(self, sockets=None) -> None:
+        self._state.engine.begin_shutdown(self._state.options.shutdown_timeout)
+        await super().shutdown(sockets)
+
+
 def serve(state: ServerState, routers: Iterable[Any], *, host: str, port: int, log_level: str = "info",
           access_log: bool = False, on_config: Callable[[uvicorn.Config], None] | None = None) -> int:
     """Serve until a shutdown signal; returns the process exit code."""
     app = create_app(state, routers)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
-                            timeout_graceful_shutdown=state.options.shutdown_timeout, lifespan="on",
+                            timeout_graceful_shutdown=state.options.shutdown_timeout + _BACKSTOP_S, lifespan="on",
                             timeout_keep_alive=5)
     if on_config is not None:
         on_config(config)
-    server = uvicorn.Server(config)
+    server = GracefulServer(config, state)
     # uvicorn re-raises the signal that stopped it once it has shut down; for SIGTERM that is a
     # completed graceful shutdown, which should exit 0 rather than die by the default handler.
     main = threading.current_thread() is threading.main_thread()
