@@ -38,6 +38,9 @@ class BackendSpec:
     block_size_multiple: int = 1
     packed_prefill: bool = True
     graph_safe: bool = False
+    #: Resolves LAST_EXITED per key through ``kv.token_depth``. False: reads each row's own plane
+    #: only, which is exact only when no context token exited shallower than the row's depth.
+    depth_indirection: bool = True
 
     def check(self, *, dtype: torch.dtype, head_dim: int, block_size: int) -> None:
         if self.dtypes is not None and dtype not in self.dtypes:

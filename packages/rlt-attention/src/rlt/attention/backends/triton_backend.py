@@ -1,0 +1,279 @@
+"""``triton``: paged, depth-aware attention kernels in Triton (CUDA and ROCm).
+
+This module owns the host side of the Triton backend: which kernel serves which rows, tile sizes,
+split counts, and the preallocated split-KV scratch. The kernels live in
+:mod:`rlt.attention.backends.triton_kernels` and are imported on first use (so the registry and
+the selector can read :attr:`TritonBackend.spec` without importing Triton).
+
+Dispatch, decided only from shapes and the metadata's host-side bounds (never from device data,
+so a step can be captured in a graph and replayed):
+
+* ``max_query_len <= 1`` — pure decode: :func:`decode_kernel` (MHA: one query head per program,
+  no MMA) or :func:`decode_grouped_kernel` (GQA: the group's heads share each KV tile through
+  ``tl.dot``). When rows x head programs are too few to fill the device, the KV range of each row
+  is split (flash-decoding) and a merge kernel combines the partials.
+* otherwise — :func:`prefill_kernel` for the multi-token rows; when the batch has several rows the
+  decode kernel runs too and takes the rows of query length 1 (each kernel skips the other's rows
+  on the device), so a mixed prefill + decode batch gets the right kernel per row.
+
+Both read LAST_EXITED history through ``kv.token_depth`` in-kernel (``min(query depth, stamped
+depth)``, then that plane's page table) and SHARED from plane 0; nothing is copied.
+
+Precision: ``dot_precision`` is the fp32 ``tl.dot`` precision the platform allows ("tf32" on
+NVIDIA, "ieee" on ROCm, which rejects "tf32"). The numerics contract (ARCHITECTURE §5) requires
+fp32 paths to be token-identical to the fp32 oracle, so fp32 inputs use "ieee" unless
+``exact_fp32=False`` opts into the platform's faster precision. bf16/fp16 dots ignore the
+setting (bf16 operands, fp32 accumulation, fp32 softmax).
+
+Graph safety: no host synchronisation, no data-dependent Python, split scratch cached per shape
+(allocate it by running each bucket once before capture, as with any Triton kernel's JIT).
+"""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+import torch
+
+from rlt.attention.backend import AttentionBackend, BackendSpec
+from rlt.attention.kv_cache import KVCache, KVLayout, RowScatter, portable_row_scatter
+from rlt.attention.metadata import AttentionMetadata
+
+_LOG2E = 1.4426950408889634
+#: Most KV splits per row (the automatic policy also keeps >= ``min_keys_per_split`` keys per split).
+MAX_SPLITS = 64
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+@attrs.frozen
+class DecodeTiles:
+    """Decode tile shape: keys per inner iteration and warps per program."""
+
+    block_n: int = 32
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@attrs.frozen
+class PrefillTiles:
+    """Prefill tile shape upper bounds: ``block_m`` query rows (tokens x packed heads), ``block_n`` keys."""
+
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+    spec = BackendSpec(
+        dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
+        head_dims=frozenset(range(8, 257, 8)),
+        block_size_multiple=1,
+        packed_prefill=True,
+        graph_safe=True,
+    )
+
+    def __init__(
+        self,
+        *,
+        dot_precision: str = "ieee",
+        exact_fp32: bool = True,
+        decode_tiles: DecodeTiles = DecodeTiles(),
+        prefill_tiles: PrefillTiles = PrefillTiles(),
+        decode_variant: str = "auto",
+        num_splits: int | None = None,
+        min_keys_per_split: int = 256,
+        fused_kv_write: bool = True,
+        poison_output: bool = False,
+        scatter: RowScatter = portable_row_scatter,
+    ) -> None:
+        super().__init__(scatter=scatter)
+        if decode_variant not in ("auto", "elementwise", "grouped"):
+            raise ValueError(f"decode_variant must be auto, elementwise or grouped, got {decode_variant!r}")
+        if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
+            raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+        self.dot_precision = dot_precision
+        self.exact_fp32 = exact_fp32
+        self.decode_tiles = decode_tiles
+        self.prefill_tiles = prefill_tiles
+        self.decode_variant = decode_variant
+        self.num_splits = num_splits
+        self.min_keys_per_split = min_keys_per_split
+        self.fused_kv_write = fused_kv_write
+        #: Debug/test aid: fill the output and split scratch with NaN before the kernels run, so a
+        #: result that passes proves every element was written (costs a fill; off in serving).
+        self.poison_output = poison_output
+        self._kernels = None
+        self._scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._sm_count: dict[torch.device, int] = {}
+
+    def describe(self) -> str:
+        return f"triton (fp32 dots: {'ieee' if self.exact_fp32 else self.dot_precision})"
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _k(self):
+        if self._kernels is None:
+            from rlt.attention.backends.triton_kernels import kv_write, paged_decode, paged_prefill
+
+            self._kernels = (paged_decode, paged_prefill, kv_write)
+        return self._kernels
+
+    @staticmethod
+    def _check_device(t: torch.Tensor) -> None:
+        if t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(
+                "the triton attention backend runs on CUDA/ROCm tensors; on CPU use the torch backend "
+                "(or set TRITON_INTERPRET=1 before importing Triton, as the tests do)"
+            )
+
+    def _num_sms(self, device: torch.device) -> int:
+        if device not in self._sm_count:
+            if device.type == "cuda":
+                self._sm_count[device] = torch.cuda.get_device_properties(device).multi_processor_count
+            else:  # the interpreter: a small pretend device, so the split path is exercised
+                self._sm_count[device] = 16
+        return self._sm_count[device]
+
+    def splits_for(self, rows: int, head_programs: int, max_seq_len: int, device: torch.device) -> int:
+        """KV splits per row: enough programs for ~4 per SM, each split >= ``min_keys_per_split`` keys.
+
+        Depends only on the batch shape and the host-side length bound; the kernels divide the
+        actual (device) length among the splits, so any split count is correct.
+        """
+        if self.num_splits is not None:
+            return self.num_splits
+        programs = max(1, rows * head_programs)
+        sms = self._num_sms(device)
+        if programs >= 2 * sms:
+            return 1
+        want = -(-4 * sms // programs)
+        by_len = max(1, -(-max(int(max_seq_len), 1) // self.min_keys_per_split))
+        return max(1, min(want, by_len, MAX_SPLITS))
+
+    def _split_scratch(self, rows: int, heads: int, splits: int, head_dim: int, device: torch.device):
+        key = (device, rows, heads, splits, head_dim)
+        buf = self._scratch.get(key)
+        if buf is None:
+            acc = torch.empty(rows * heads * splits * head_dim, dtype=torch.float32, device=device)
+            ml = torch.empty(rows * heads * splits * 2, dtype=torch.float32, device=device)
+            buf = self._scratch[key] = (acc, ml)
+        if self.poison_output:
+            buf[0].fill_(float("nan"))
+            buf[1].fill_(float("nan"))
+        return buf
+
+    # -- KV write --------------------------------------------------------------------------------
+    def write_kv(
+        self, kv: KVCache, layer: int, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata
+    ) -> None:
+        n, nkv, d = key.shape
+        row = nkv * d
+        fusable = all(t.stride(-1) == 1 and t.stride(-2) == d for t in (key, value))
+        if not self.fused_kv_write or not fusable or n == 0:
+            return super().write_kv(kv, layer, key, value, meta)
+        self._check_device(key)
+        _, _, kv_write = self._k()
+        block = min(_next_pow2(row), 4096)
+        kv_write.write_kv_kernel[(n, -(-row // block))](
+            kv.k[layer], kv.v[layer], key, value, meta.slot_mapping,
+            key.stride(0), value.stride(0), ROW=row, BLOCK=block,
+        )
+
+    # -- attention -------------------------------------------------------------------------------
+    def forward(
+        self, query: torch.Tensor, kv: KVCache, layer: int, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        n, nh, d = query.shape
+        if n == 0:
+            return query.new_empty((0, nh * d))
+        self._check_device(query)
+        if query.dtype != kv.k.dtype:
+            raise ValueError(f"query dtype {query.dtype} != KV cache dtype {kv.k.dtype}")
+        paged_decode, paged_prefill, _ = self._k()
+        q = query if query.stride(-1) == 1 else query.contiguous()
+        k, v = kv.k[layer], kv.v[layer]  # [blocks, block_size, kv_heads, d]
+        nkv = k.shape[2]
+        group = nh // nkv
+        rows = meta.seq_lens.shape[0]
+        bt = meta.block_tables
+        if bt.dtype != torch.int32 or bt.stride(-1) != 1:
+            bt = bt.to(torch.int32).contiguous()
+        last_exited = kv.layout is KVLayout.LAST_EXITED and kv.token_depth is not None
+        td = kv.token_depth if last_exited else meta.seq_lens  # unused pointer under SHARED
+        num_planes = min(kv.num_planes, bt.shape[1])
+        precision = "ieee" if (query.dtype == torch.float32 and self.exact_fp32) else self.dot_precision
+        out = torch.empty((n, nh * d), dtype=query.dtype, device=query.device)
+        if self.poison_output:
+            out.fill_(float("nan"))
+        block_d = max(16, _next_pow2(d))
+        common = (
+            bt, td, meta.seq_lens, meta.query_depth, meta.query_start_loc, scale * _LOG2E,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), out.stride(0), bt.stride(0), bt.stride(1), num_planes,
+        )
+        pure_decode = meta.max_query_len <= 1
+        if pure_decode or rows > 1:
+            self._decode(paged_decode, q, k, v, out, common, rows, nh, nkv, group, d, block_d, kv.block_size,
+                         last_exited, precision, meta.max_seq_len)
+        if not pure_decode:
+            self._prefill(paged_prefill, q, k, v, out, common, rows, nkv, group, d, block_d, kv.block_size,
+                          last_exited, precision, meta.max_query_len, skip_single=rows > 1)
+        return out
+
+    def _decode(self, kernels, q, k, v, out, common, rows, nh, nkv, group, d, block_d, block_size,
+                last_exited, precision, max_seq_len):
+        variant = self.decode_variant
+        if variant == "auto":
+            variant = "grouped" if group > 1 else "elementwise"
+        head_programs = nkv if variant == "grouped" else nh
+        splits = self.splits_for(rows, head_programs, max_seq_len, q.device)
+        if splits > 1:
+            acc, ml = self._split_scratch(rows, nh, splits, d, q.device)
+        else:
+            acc = ml = out  # not written
+        tiles = self.decode_tiles
+        block_n = tiles.block_n if block_d <= 128 else max(16, tiles.block_n // 2)
+        launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        if variant == "grouped":
+            kernels.decode_grouped_kernel[(rows, nkv, splits)](
+                q, k, v, out, acc, ml, *common,
+                NUM_HEADS=nh, GROUP=group, BLOCK_G=max(16, _next_pow2(group)), HEAD_DIM=d, BLOCK_D=block_d,
+                BLOCK_SIZE=block_size, BLOCK_N=max(16, block_n), NUM_SPLITS=splits, LAST_EXITED=last_exited,
+                DOT_PRECISION=precision, **launch,
+            )
+        else:
+            kernels.decode_kernel[(rows, nh, splits)](
+                q, k, v, out, acc, ml, *common,
+                NUM_HEADS=nh, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=block_size,
+                BLOCK_N=block_n, NUM_SPLITS=splits, LAST_EXITED=last_exited, **launch,
+            )
+        if splits > 1:
+            kernels.merge_splits_kernel[(rows, nh)](
+                out, acc, ml, common[4], out.stride(0),
+                NUM_HEADS=nh, HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=splits, BLOCK_S=_next_pow2(splits),
+                num_warps=4,
+            )
+
+    def _prefill(self, kernels, q, k, v, out, common, rows, nkv, group, d, block_d, block_size,
+                 last_exited, precision, max_query_len, skip_single):
+        tiles = self.prefill_tiles
+        gpad = _next_pow2(group)
+        block_m = min(tiles.block_m, max(16, _next_pow2(max_query_len * gpad)))
+        block_m = max(block_m, gpad)
+        block_q = block_m // gpad
+        block_n = tiles.block_n if block_d <= 128 else max(16, tiles.block_n // 2)
+        num_warps = tiles.num_warps if block_m >= 128 else min(tiles.num_warps, 4)
+        n = q.shape[0]
+        grid = (n // block_q + rows, nkv)
+        kernels.prefill_kernel[grid](
+            q, k, v, out, *common[:-1], rows, common[-1],
+            GROUP=group, GROUP_PAD=gpad, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=block_size,
+            BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, LAST_EXITED=last_exited,
+            SKIP_SINGLE=skip_single, DOT_PRECISION=precision,
+            num_warps=num_warps, num_stages=tiles.num_stages,
+        )

@@ -1,0 +1,220 @@
+"""Paged decode attention: one query token per row, flash-decoding over depth-resolved pages.
+
+Grid ``(rows, head_programs, num_splits)``. Each program walks its share of the row's key tiles
+(``cdiv(tiles, num_splits)`` consecutive tiles) with an online softmax in fp32 (exp2 domain).
+With one split it normalises and writes the output row; with several it writes the unnormalised
+partial ``acc`` and its ``(max, sum)`` to preallocated fp32 scratch and :func:`merge_splits_kernel`
+combines them (``out = Σ acc_s 2^(m_s - M) / Σ l_s 2^(m_s - M)``). Rows whose query length is not
+1 are skipped (a mixed batch sends them to the prefill kernel), so the grid depends only on the
+number of rows, never on device data.
+
+Two score paths:
+
+* :func:`decode_kernel` — one query head per program, scores by broadcast-multiply + row sum
+  (no MMA: an MHA decode row has a single query, and ``tl.dot`` needs M >= 16). For GQA the
+  group's heads each re-read their KV head (served from L2).
+* :func:`decode_grouped_kernel` — one KV head per program with all ``GROUP`` query heads packed
+  into the M dimension of ``tl.dot`` (padded to 16), so each KV tile is read once per group.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from rlt.attention.backends.triton_kernels.paging import resolve_blocks
+
+
+@triton.jit
+def _split_range(seq_len, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    num_tiles = tl.cdiv(seq_len, BLOCK_N)
+    per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    begin = split * per_split
+    end = tl.minimum(begin + per_split, num_tiles)
+    return begin, end
+
+
+@triton.jit
+def decode_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    bt_ptr, td_ptr, seq_lens_ptr, qdepth_ptr, qsl_ptr,
+    sm_scale_log2,
+    stride_qn, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_on,
+    stride_btr, stride_btp,
+    num_planes,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    LAST_EXITED: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + row)
+    q_len = tl.load(qsl_ptr + row + 1) - q_start
+    if q_len != 1:
+        return
+    seq_len = tl.load(seq_lens_ptr + row)
+    qd = tl.load(qdepth_ptr + row)
+    kv_head = head // GROUP
+
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + q_start.to(tl.int64) * stride_qn + head * stride_qh + offs_d, mask=mask_d, other=0.0)
+    q = q.to(tl.float32) * sm_scale_log2
+
+    bt_row = bt_ptr + row.to(tl.int64) * stride_btr
+    begin, end = _split_range(seq_len, split, NUM_SPLITS, BLOCK_N)
+    m_i = -1.0e30
+    l_i = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    # The block ids of tile t+1 are fetched while tile t's K/V loads are in flight: Triton does
+    # not software-pipeline this (non-dot) loop, and the id lookup is a chain of 3 dependent loads.
+    offs_n = begin * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < tl.minimum(end * BLOCK_N, seq_len)
+    block, slot = resolve_blocks(bt_row, td_ptr, offs_n, mask_n, qd, stride_btp, num_planes,
+                                 BLOCK_SIZE, LAST_EXITED)
+    for t in range(begin, end):
+        mask_kv = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_ptr + block[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh
+                    + offs_d[None, :], mask=mask_kv, other=0.0)
+        v = tl.load(v_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh
+                    + offs_d[None, :], mask=mask_kv, other=0.0)
+        next_offs = offs_n + BLOCK_N
+        next_mask = next_offs < tl.minimum(end * BLOCK_N, seq_len)
+        next_block, next_slot = resolve_blocks(bt_row, td_ptr, next_offs, next_mask, qd, stride_btp,
+                                               num_planes, BLOCK_SIZE, LAST_EXITED)
+        s = tl.sum(k.to(tl.float32) * q[None, :], 1)
+        s = tl.where(mask_n, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        m_i = m_new
+        offs_n, mask_n, block, slot = next_offs, next_mask, next_block, next_slot
+
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)
+        tl.store(out_ptr + q_start.to(tl.int64) * stride_on + head * HEAD_DIM + offs_d,
+                 out.to(out_ptr.dtype.element_ty), mask=mask_d)
+    else:
+        part = (row * NUM_HEADS + head) * NUM_SPLITS + split
+        tl.store(part_acc_ptr + part.to(tl.int64) * HEAD_DIM + offs_d, acc, mask=mask_d)
+        tl.store(part_ml_ptr + part * 2, m_i)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i)
+
+
+@triton.jit
+def decode_grouped_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    bt_ptr, td_ptr, seq_lens_ptr, qdepth_ptr, qsl_ptr,
+    sm_scale_log2,
+    stride_qn, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_on,
+    stride_btr, stride_btp,
+    num_planes,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    LAST_EXITED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + row)
+    q_len = tl.load(qsl_ptr + row + 1) - q_start
+    if q_len != 1:
+        return
+    seq_len = tl.load(seq_lens_ptr + row)
+    qd = tl.load(qdepth_ptr + row)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    mask_g = offs_g < GROUP
+    heads = kv_head * GROUP + offs_g
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + q_start.to(tl.int64) * stride_qn + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+
+    bt_row = bt_ptr + row.to(tl.int64) * stride_btr
+    begin, end = _split_range(seq_len, split, NUM_SPLITS, BLOCK_N)
+    m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    for t in range(begin, end):
+        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < seq_len
+        block, slot = resolve_blocks(bt_row, td_ptr, offs_n, mask_n, qd, stride_btp, num_planes,
+                                     BLOCK_SIZE, LAST_EXITED)
+        mask_kv = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_ptr + block[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh
+                    + offs_d[None, :], mask=mask_kv, other=0.0)
+        v = tl.load(v_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh
+                    + offs_d[None, :], mask=mask_kv, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale_log2
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + q_start.to(tl.int64) * stride_on + heads[:, None] * HEAD_DIM + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
+    else:
+        part = (row * NUM_HEADS + heads) * NUM_SPLITS + split
+        tl.store(part_acc_ptr + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], acc,
+                 mask=mask_g[:, None] & mask_d[None, :])
+        tl.store(part_ml_ptr + part * 2, m_i, mask=mask_g)
+        tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=mask_g)
+
+
+@triton.jit
+def merge_splits_kernel(
+    out_ptr, part_acc_ptr, part_ml_ptr, qsl_ptr,
+    stride_on,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    q_start = tl.load(qsl_ptr + row)
+    q_len = tl.load(qsl_ptr + row + 1) - q_start
+    if q_len != 1:
+        return
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < NUM_SPLITS
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    part = (row * NUM_HEADS + head) * NUM_SPLITS + offs_s
+    m = tl.load(part_ml_ptr + part * 2, mask=mask_s, other=-1.0e30)
+    l = tl.load(part_ml_ptr + part * 2 + 1, mask=mask_s, other=0.0)
+    acc = tl.load(part_acc_ptr + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :],
+                  mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    w = tl.exp2(m - tl.max(m, 0))
+    den = tl.sum(l * w, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(den > 0.0, den, 1.0)
+    tl.store(out_ptr + q_start.to(tl.int64) * stride_on + head * HEAD_DIM + offs_d,
+             out.to(out_ptr.dtype.element_ty), mask=mask_d)

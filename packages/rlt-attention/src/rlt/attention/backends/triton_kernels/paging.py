@@ -1,0 +1,58 @@
+"""Paged, depth-resolved KV addressing shared by the attention kernels.
+
+Key position ``j`` of a row lives on page ``j // BLOCK_SIZE`` at offset ``j % BLOCK_SIZE``. Its plane
+is ``min(query_depth, token_depth[plane-0 block, offset])`` under LAST_EXITED (the token's KV is
+read from the deepest plane it reached, never deeper than the query), and plane 0 under SHARED.
+The physical block is then ``block_tables[row, plane, page]``. This is the in-kernel form of
+``rlt.attention.gather.key_slots``; no page is ever copied.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def resolve_blocks(
+    bt_row_ptr,  # block_tables[row] base (int32), page stride 1, plane stride ``stride_btp``
+    td_ptr,  # token_depth [num_blocks * BLOCK_SIZE] int32 (unused for SHARED)
+    offs_n,  # [BLOCK_N] key positions
+    mask_n,  # [BLOCK_N] which positions are real (others read page 0, harmlessly)
+    query_depth,  # scalar int32: the row's depth
+    stride_btp,
+    num_planes,
+    BLOCK_SIZE: tl.constexpr,
+    LAST_EXITED: tl.constexpr,
+):
+    """Physical block (int64) and in-block offset of every key position in ``offs_n``."""
+    page = offs_n // BLOCK_SIZE
+    slot = offs_n % BLOCK_SIZE
+    block0 = tl.load(bt_row_ptr + page, mask=mask_n, other=0)
+    if LAST_EXITED:
+        stamped = tl.load(td_ptr + block0.to(tl.int64) * BLOCK_SIZE + slot, mask=mask_n, other=0)
+        plane = tl.minimum(stamped, query_depth)
+        plane = tl.maximum(tl.minimum(plane, num_planes - 1), 0)
+        block = tl.load(bt_row_ptr + plane * stride_btp + page, mask=mask_n, other=0)
+    else:
+        block = block0
+    return block.to(tl.int64), slot
+
+
+@triton.jit
+def find_row(qsl_ptr, q_block, num_rows, BLOCK_Q: tl.constexpr):
+    """Row owning query block ``q_block`` when row r's blocks start at ``qsl[r] // BLOCK_Q + r``.
+
+    That numbering gives every row at least ``cdiv(query_len, BLOCK_Q)`` block ids, and the total
+    ``num_tokens // BLOCK_Q + num_rows`` is a static upper bound, so the grid needs no host sync.
+    """
+    lo: tl.int32 = 0
+    hi = num_rows
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
+        if start <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1

@@ -1,0 +1,168 @@
+"""The Triton kernels, run by Triton's interpreter on CPU, against the Torch reference backend.
+
+Random paged problems (rlt.attention.synthetic): every plane of every row sits on its own random
+blocks and the whole cache is random, LAST_EXITED history tokens carry random exit depths, so a
+kernel reading the wrong plane/page/slot fails. Outputs and split scratch are poisoned with NaN
+first (``poison_output``), so a pass also proves every element was written.
+
+Tolerances, as ||out - ref|| / ||ref||: fp32 1e-5 (the kernels accumulate in fp32 with IEEE dots;
+the reference is fp32 too, so only summation order differs); fp16 2e-3 and bf16 1e-2 (P and the
+output are rounded to the input dtype; measured ~2.4e-4 and ~4.5e-3 on these shapes).
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from rlt.attention import KVLayout  # noqa: E402
+from rlt.attention.backends.torch_ref import TorchReferenceBackend  # noqa: E402
+from rlt.attention.backends.triton_backend import DecodeTiles, PrefillTiles, TritonBackend  # noqa: E402
+from rlt.attention.synthetic import random_problem  # noqa: E402
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+REF = TorchReferenceBackend()
+SMALL = dict(prefill_tiles=PrefillTiles(block_m=16, block_n=16), decode_tiles=DecodeTiles(block_n=16))
+
+# (context incl. new tokens, new tokens, depth). Block size 4: contexts 16/17 end on/after a page
+# boundary, 1 is a first token, 64 spans many tiles.
+DECODE_ROWS = [(37, 1, 2), (5, 1, 0), (64, 1, 3), (1, 1, 1), (16, 1, 3), (17, 1, 2)]
+PREFILL_ROWS = [(50, 50, 3)]
+CHUNK_ROWS = [(45, 13, 2), (33, 32, 3)]
+MIXED_ROWS = [(37, 5, 2), (5, 1, 0), (64, 17, 3), (20, 20, 1), (9, 1, 3), (16, 4, 0)]
+HEADS = {"mha": (4, 4), "gqa2": (4, 2), "gqa3": (6, 2), "mqa": (4, 1)}
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def check(rows, heads="mha", layout=KVLayout.LAST_EXITED, dtype=torch.float32, seed=0, head_dim=8,
+          block_size=4, history="mixed", **backend_kw):
+    nh, nkv = HEADS[heads]
+    pb = random_problem(rows, num_heads=nh, num_kv_heads=nkv, head_dim=head_dim, block_size=block_size,
+                        num_planes=4, layout=layout, dtype=dtype, seed=seed, history=history, num_layers=2,
+                        layer=1)
+    want = REF.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale)
+    got = TritonBackend(poison_output=True, **backend_kw).forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert not torch.isnan(got).any(), "unwritten (poisoned) output elements"
+    err = rel_err(got, want)
+    assert err < TOL[dtype], f"rel err {err:.2e}"
+    return err
+
+
+@pytest.mark.parametrize("layout", list(KVLayout))
+@pytest.mark.parametrize("heads", list(HEADS))
+@pytest.mark.parametrize("rows", [DECODE_ROWS, PREFILL_ROWS, CHUNK_ROWS, MIXED_ROWS],
+                         ids=["decode", "prefill", "chunks", "mixed"])
+def test_matches_reference(rows, heads, layout):
+    check(rows, heads, layout, seed=hash((len(rows), heads, layout.value)) % 1000, **SMALL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads", ["mha", "gqa2"])
+def test_half_precision(dtype, heads):
+    check(MIXED_ROWS, heads, dtype=dtype, seed=7, **SMALL)
+    check(DECODE_ROWS, heads, dtype=dtype, seed=8)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 64])
+@pytest.mark.parametrize("variant", ["elementwise", "grouped"])
+def test_split_kv_decode(splits, variant):
+    """Every split count is correct, including more splits than key tiles (empty splits)."""
+    check(DECODE_ROWS, "gqa2", num_splits=splits, decode_variant=variant, seed=splits, **SMALL)
+
+
+def test_auto_split_policy_is_exercised():
+    backend = TritonBackend(min_keys_per_split=16)
+    cpu = torch.device("cpu")  # the interpreter pretends to have 16 SMs
+    assert backend.splits_for(1, 4, 64, cpu) == 4  # few programs: split, >= 16 keys each
+    assert backend.splits_for(1, 4, 10, cpu) == 1  # too short to split
+    assert backend.splits_for(64, 16, 4096, cpu) == 1  # plenty of programs
+    assert TritonBackend().splits_for(1, 16, 32768, cpu) == 4  # 64 programs = 4 per pretend SM
+    check(DECODE_ROWS, "mha", min_keys_per_split=16, **SMALL)
+
+
+@pytest.mark.parametrize("head_dim", [16, 24, 64])
+def test_head_dims(head_dim):
+    check(MIXED_ROWS, "gqa2", head_dim=head_dim, seed=head_dim)
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 16])
+def test_block_sizes(block_size):
+    check(MIXED_ROWS, "mha", block_size=block_size, seed=block_size, **SMALL)
+    check(DECODE_ROWS, "gqa2", block_size=block_size, seed=block_size + 1)
+
+
+def test_default_tiles_many_tiles():
+    """Default (GPU) tile sizes, long enough that the unmasked and the masked loop both run."""
+    check([(300, 200, 3), (150, 1, 1), (130, 129, 0)], "mha", seed=11)
+
+
+def test_last_exited_reads_through_version_map():
+    """Changing one history token's stamped depth changes what a deeper query reads (no copies)."""
+    pb = random_problem([(12, 1, 3)], num_heads=2, num_kv_heads=2, head_dim=8, block_size=4, num_planes=4,
+                        history="full", seed=5)
+    backend = TritonBackend()
+    before = backend.forward(pb.query, pb.kv, 0, pb.meta, pb.scale)
+    slot0 = int(pb.meta.block_tables[0, 0, 0]) * 4  # token 0, plane 0 slot
+    pb.kv.token_depth.view(-1)[slot0] = 0  # token 0 exited after loop 1
+    after = backend.forward(pb.query, pb.kv, 0, pb.meta, pb.scale)
+    want = REF.forward(pb.query, pb.kv, 0, pb.meta, pb.scale)
+    assert rel_err(after, want) < 1e-5
+    assert rel_err(before, after) > 1e-3
+
+
+def test_exact_fp32_ignores_platform_tf32():
+    # fp32 inputs use IEEE dots unless exact_fp32=False (the interpreter computes exactly either way,
+    # so this checks the choice, not the numerics).
+    assert TritonBackend(dot_precision="tf32").describe() == "triton (fp32 dots: ieee)"
+    assert TritonBackend(dot_precision="tf32", exact_fp32=False).describe() == "triton (fp32 dots: tf32)"
+    check(MIXED_ROWS, "gqa2", dot_precision="tf32", exact_fp32=False, seed=3, **SMALL)
+
+
+def test_fused_kv_write_matches_portable_write():
+    pb = random_problem([(10, 3, 1), (7, 7, 2), (4, 1, 0)], num_heads=4, num_kv_heads=2, head_dim=8,
+                        block_size=4, num_planes=4, num_layers=3, layer=1, seed=2)
+    n = pb.meta.num_tokens
+    key, value = torch.randn(n, 2, 8), torch.randn(n, 2, 8)
+    k0, v0 = pb.kv.k.clone(), pb.kv.v.clone()
+    TritonBackend().write_kv(pb.kv, 1, key, value, pb.meta)
+    fused_k, fused_v = pb.kv.k.clone(), pb.kv.v.clone()
+    pb.kv.k.copy_(k0)
+    pb.kv.v.copy_(v0)
+    TritonBackend(fused_kv_write=False).write_kv(pb.kv, 1, key, value, pb.meta)
+    assert torch.equal(fused_k, pb.kv.k) and torch.equal(fused_v, pb.kv.v)
+    assert not torch.equal(fused_k, k0)
+
+
+def test_fused_kv_write_skips_padding_slots():
+    pb = random_problem([(6, 2, 0)], num_heads=2, num_kv_heads=2, head_dim=8, block_size=4, num_planes=1,
+                        layout=KVLayout.SHARED, seed=4)
+    k0 = pb.kv.k.clone()
+    meta = pb.meta
+    padded = attrs.evolve(meta, slot_mapping=torch.tensor([int(meta.slot_mapping[0]), -1]))
+    key = torch.randn(2, 2, 8)
+    TritonBackend().write_kv(pb.kv, 0, key, key, padded)
+    flat = pb.kv.k[0].view(-1, 16)
+    assert torch.equal(flat[int(meta.slot_mapping[0])], key[0].reshape(-1))
+    changed = (pb.kv.k != k0).view(-1, 16).any(1).nonzero().flatten().tolist()
+    assert changed == [int(meta.slot_mapping[0])]
+
+
+def test_rejects_mismatched_dtype():
+    pb = random_problem([(5, 1, 0)], num_heads=2, num_kv_heads=2, head_dim=8, block_size=4, num_planes=1,
+                        layout=KVLayout.SHARED)
+    with pytest.raises(ValueError, match="dtype"):
+        TritonBackend().forward(pb.query.half(), pb.kv, 0, pb.meta, pb.scale)
+
+
+def test_spec_is_honest():
+    spec = TritonBackend.spec
+    assert spec.graph_safe and spec.packed_prefill and spec.depth_indirection
+    spec.check(dtype=torch.bfloat16, head_dim=128, block_size=16)
+    spec.check(dtype=torch.float32, head_dim=8, block_size=1)
