@@ -90,7 +90,7 @@ class LLMEngine:
         self.max_num_batched_tokens = config.max_num_batched_tokens or self.max_model_len
         self.selection: AttentionSelection = select_attention(
             self.platform, config.attention_backend, dtype=self.dtype, head_dim=shape.head_dim,
-            block_size=config.block_size)
+            block_size=config.block_size, kv_layout=config.kv_layout)
         self.attention = build_attention(self.platform, self.selection)
         planes = 1 if config.kv_layout is KVLayout.SHARED else self.num_loops
         bpb = KVCache.bytes_per_block(num_layers=shape.num_layers, block_size=config.block_size,
