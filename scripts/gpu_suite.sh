@@ -16,7 +16,7 @@ if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
 fi
 { $PY -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'hip', torch.version.hip, 'triton', triton.__version__, torch.cuda.get_device_name(0))"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null; } | tee "$OUT/versions.txt"
 rc=0
-timeout ${SUITE_TIMEOUT:-300} $PY -m pytest tests/gpu -m gpu -q -p no:cacheprovider -o addopts="" -rA 2>&1 | tail -60 | tee "$OUT/gpu_suite.txt" || rc=1
+timeout ${SUITE_TIMEOUT:-300} $PY -m pytest tests/gpu -m gpu -q -p no:cacheprovider -o addopts="" -rA -s 2>&1 | grep -v "^PASSED" | tail -80 | tee "$OUT/gpu_suite.txt" || rc=1
 if [ -f benchmarks/attention_bench.py ]; then
   timeout 120 $PY benchmarks/attention_bench.py --out "$OUT/attention_bench.json" 2>&1 | tail -30 | tee "$OUT/attention_bench.txt"
 fi
