@@ -104,6 +104,20 @@ def test_n_choices_sample_with_seed_plus_i(client, offline):
     assert r.usage.completion_tokens == sum(len(w.token_ids) for w in want)
 
 
+def test_streaming_n_choices_interleave_by_index(client):
+    kw = dict(model="tiny", prompt="Numbers:", n=2, max_tokens=5, temperature=1.0, seed=7)
+    whole = client.completions.create(**kw)
+    texts = {0: "", 1: ""}
+    finished = {}
+    for chunk in client.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            if c.finish_reason:
+                finished[c.index] = c.finish_reason
+    assert texts == {c.index: c.text for c in whole.choices}
+    assert finished == {0: "length", 1: "length"}
+
+
 def test_batched_and_token_id_prompts(client, offline):
     r = client.completions.create(model="tiny", prompt=[[5, 6, 7], [9, 10]], n=2, max_tokens=3, temperature=0,
                                   extra_body={"return_token_ids": True})

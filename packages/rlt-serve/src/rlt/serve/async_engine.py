@@ -280,6 +280,8 @@ class AsyncEngine:
     def _admitted(self, future: asyncio.Future, request_id: str, error: BaseException | None) -> None:
         if error is not None:
             self._drop(request_id)
+        elif self.metrics is not None and request_id in self._routes:
+            self.metrics.on_admitted(self._routes[request_id].timer)
         if not future.done():
             if error is None:
                 future.set_result(None)

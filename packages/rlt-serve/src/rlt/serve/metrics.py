@@ -57,7 +57,7 @@ class ServerMetrics:
                                    lab, registry=r).labels(m)
         self.faults = Counter("rlt:engine_faults", "Engine faults (each aborted only the requests it touched).",
                               lab, registry=r).labels(m)
-        self.prompt_tokens = Counter("rlt:prompt_tokens", "Prompt tokens admitted.", lab, registry=r).labels(m)
+        self.prompt_tokens = Counter("rlt:prompt_tokens", "Prompt tokens of admitted engine requests (each of n counts).", lab, registry=r).labels(m)
         self.generation_tokens = Counter("rlt:generation_tokens", "Tokens generated.", lab, registry=r).labels(m)
         self.ttft = Histogram("rlt:time_to_first_token_seconds", "Arrival to first generated token.", lab,
                               buckets=_TTFT, registry=r).labels(m)
@@ -101,13 +101,15 @@ class ServerMetrics:
     def timer(self, arrival: float, prompt_tokens: int) -> RequestTimer:
         return RequestTimer(arrival, prompt_tokens)
 
+    def on_admitted(self, t: RequestTimer) -> None:
+        self.prompt_tokens.inc(t.prompt_tokens)
+
     def on_output(self, t: RequestTimer, out: RequestOutput, stamp: float) -> None:
         new = len(out.token_ids) - t.tokens
         if new > 0:
             if t.first_token is None:
                 t.first_token = stamp
                 self.ttft.observe(max(0.0, stamp - t.arrival))
-                self.prompt_tokens.inc(t.prompt_tokens)
             elif t.last_token is not None:
                 self.itl.observe(max(0.0, stamp - t.last_token))
             t.last_token = stamp
