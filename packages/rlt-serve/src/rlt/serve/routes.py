@@ -10,11 +10,10 @@ startup). The handlers only unpack and delegate; the logic is in :mod:`rlt.serve
 
 from __future__ import annotations
 
-import importlib.metadata
-
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from rlt.serve.info import _version
 from rlt.serve.metrics import CONTENT_TYPE_LATEST
 from rlt.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from rlt.serve.serving import create_chat_completion, create_completion
@@ -25,13 +24,6 @@ router = APIRouter()
 
 def _state(request: Request) -> ServerState:
     return request.app.state.rlt
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 @router.post("/v1/completions")
