@@ -121,6 +121,8 @@ def add_feature_arguments(parser: argparse.ArgumentParser, features: Iterable[Fe
         for field in attrs.fields(f.options):
             kwargs: dict[str, Any] = {"dest": f"feature__{f.name}__{field.name}", "default": None,
                                       "help": field.metadata.get("help", "")}
+            if field.type not in (bool, "bool"):
+                kwargs["metavar"] = field.name.upper()
             if field.type in (bool, "bool"):
                 kwargs["action"] = argparse.BooleanOptionalAction
             elif field.type in (int, "int"):
