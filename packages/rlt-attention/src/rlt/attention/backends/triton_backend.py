@@ -241,21 +241,21 @@ class TritonBackend(AttentionBackend):
         launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
         if variant == "grouped":
             kernels.decode_grouped_kernel[(rows, nkv, splits)](
-                q, k, v, out, acc, ml, *common,
+                q, k, v, out, acc, ml, *common, splits,
                 NUM_HEADS=nh, GROUP=group, BLOCK_G=max(16, _next_pow2(group)), HEAD_DIM=d, BLOCK_D=block_d,
-                BLOCK_SIZE=block_size, BLOCK_N=max(16, block_n), NUM_SPLITS=splits, LAST_EXITED=last_exited,
+                BLOCK_SIZE=block_size, BLOCK_N=max(16, block_n), SPLIT=splits > 1, LAST_EXITED=last_exited,
                 DOT_PRECISION=precision, **launch,
             )
         else:
             kernels.decode_kernel[(rows, nh, splits)](
-                q, k, v, out, acc, ml, *common,
+                q, k, v, out, acc, ml, *common, splits,
                 NUM_HEADS=nh, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=block_size,
-                BLOCK_N=block_n, NUM_SPLITS=splits, LAST_EXITED=last_exited, **launch,
+                BLOCK_N=block_n, SPLIT=splits > 1, LAST_EXITED=last_exited, **launch,
             )
         if splits > 1:
             kernels.merge_splits_kernel[(rows, nh)](
-                out, acc, ml, common[4], out.stride(0),
-                NUM_HEADS=nh, HEAD_DIM=d, BLOCK_D=block_d, NUM_SPLITS=splits, BLOCK_S=_next_pow2(splits),
+                out, acc, ml, common[4], out.stride(0), splits,
+                NUM_HEADS=nh, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=MAX_SPLITS,
                 num_warps=4,
             )
 

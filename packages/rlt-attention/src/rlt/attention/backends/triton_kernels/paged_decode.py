@@ -1,6 +1,7 @@
 """Paged decode attention: one query token per row, flash-decoding over depth-resolved pages.
 
-Grid ``(rows, head_programs, num_splits)``. Each program walks its share of the row's key tiles
+Grid ``(rows, head_programs, num_splits)``; the split count is a run-time argument (only "split
+or not" is compiled in), so a new batch size never triggers a new compile. Each program walks its share of the row's key tiles
 (``cdiv(tiles, num_splits)`` consecutive tiles) with an online softmax in fp32 (exp2 domain).
 With one split it normalises and writes the output row; with several it writes the unnormalised
 partial ``acc`` and its ``(max, sum)`` to preallocated fp32 scratch and :func:`merge_splits_kernel`
@@ -26,9 +27,9 @@ from rlt.attention.backends.triton_kernels.paging import resolve_blocks
 
 
 @triton.jit
-def _split_range(seq_len, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+def _split_range(seq_len, split, num_splits, BLOCK_N: tl.constexpr):
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
-    per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    per_split = tl.cdiv(num_tiles, num_splits)
     begin = split * per_split
     end = tl.minimum(begin + per_split, num_tiles)
     return begin, end
@@ -44,14 +45,14 @@ def decode_kernel(
     stride_vb, stride_vs, stride_vh,
     stride_on,
     stride_btr, stride_btp,
-    num_planes,
+    num_planes, num_splits,
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,
     LAST_EXITED: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -71,7 +72,7 @@ def decode_kernel(
     q = q.to(tl.float32) * sm_scale_log2
 
     bt_row = bt_ptr + row.to(tl.int64) * stride_btr
-    begin, end = _split_range(seq_len, split, NUM_SPLITS, BLOCK_N)
+    begin, end = _split_range(seq_len, split, num_splits, BLOCK_N)
     m_i = -1.0e30
     l_i = 0.0
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
@@ -101,12 +102,12 @@ def decode_kernel(
         m_i = m_new
         offs_n, mask_n, block, slot = next_offs, next_mask, next_block, next_slot
 
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)
         tl.store(out_ptr + q_start.to(tl.int64) * stride_on + head * HEAD_DIM + offs_d,
                  out.to(out_ptr.dtype.element_ty), mask=mask_d)
     else:
-        part = (row * NUM_HEADS + head) * NUM_SPLITS + split
+        part = (row * NUM_HEADS + head) * num_splits + split
         tl.store(part_acc_ptr + part.to(tl.int64) * HEAD_DIM + offs_d, acc, mask=mask_d)
         tl.store(part_ml_ptr + part * 2, m_i)
         tl.store(part_ml_ptr + part * 2 + 1, l_i)
@@ -122,7 +123,7 @@ def decode_grouped_kernel(
     stride_vb, stride_vs, stride_vh,
     stride_on,
     stride_btr, stride_btp,
-    num_planes,
+    num_planes, num_splits,
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -130,7 +131,7 @@ def decode_grouped_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,
     LAST_EXITED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -153,7 +154,7 @@ def decode_grouped_kernel(
                 mask=mask_g[:, None] & mask_d[None, :], other=0.0)
 
     bt_row = bt_ptr + row.to(tl.int64) * stride_btr
-    begin, end = _split_range(seq_len, split, NUM_SPLITS, BLOCK_N)
+    begin, end = _split_range(seq_len, split, num_splits, BLOCK_N)
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
@@ -176,12 +177,12 @@ def decode_grouped_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(out_ptr + q_start.to(tl.int64) * stride_on + heads[:, None] * HEAD_DIM + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=mask_g[:, None] & mask_d[None, :])
     else:
-        part = (row * NUM_HEADS + heads) * NUM_SPLITS + split
+        part = (row * NUM_HEADS + heads) * num_splits + split
         tl.store(part_acc_ptr + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :], acc,
                  mask=mask_g[:, None] & mask_d[None, :])
         tl.store(part_ml_ptr + part * 2, m_i, mask=mask_g)
@@ -191,11 +192,10 @@ def decode_grouped_kernel(
 @triton.jit
 def merge_splits_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, qsl_ptr,
-    stride_on,
+    stride_on, num_splits,
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -205,10 +205,10 @@ def merge_splits_kernel(
     if q_len != 1:
         return
     offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < NUM_SPLITS
+    mask_s = offs_s < num_splits
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    part = (row * NUM_HEADS + head) * NUM_SPLITS + offs_s
+    part = (row * NUM_HEADS + head) * num_splits + offs_s
     m = tl.load(part_ml_ptr + part * 2, mask=mask_s, other=-1.0e30)
     l = tl.load(part_ml_ptr + part * 2 + 1, mask=mask_s, other=0.0)
     acc = tl.load(part_acc_ptr + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :],

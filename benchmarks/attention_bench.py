@@ -1,0 +1,249 @@
+"""Attention kernel micro-benchmarks on Ouro-1.4B shapes (16 heads x 128, MHA, bf16) against the floor.
+
+    python benchmarks/attention_bench.py --out attention_bench.json [--sweep]
+
+Cases (the issue's targets): paged decode, 64 rows x 4K context and 1 row x 32K context (>= 70% of
+copy bandwidth), and one 8K-token causal prefill (>= 50% of the bf16 matmul rate). KV is paged
+(block 16, the engine default), LAST_EXITED with 4 depth planes, rows at depth 3 over full-depth
+history (fixed-depth serving), so every key goes through the in-kernel version-map indirection.
+
+Floors, measured in the same run: the copy bandwidth (a 2 GiB device-to-device copy, bytes read +
+written) and the bf16 matmul rate (8192^3, random data). Decode bytes = K + V of every context
+token (+ query and output); prefill FLOPs = 4 * heads * head_dim * N(N+1)/2 (causal: QK^T and PV
+over the visible half). Each number is the median of three ``triton.testing.do_bench`` medians
+after one discarded warm-up call (JIT). Decode is also timed as a CUDA-graph replay (how a serving
+step runs it). ``sdpa_dense`` rows time torch SDPA on the same data laid out densely (no paging,
+no depth indirection): a reference point, not a floor.
+
+``--sweep`` adds tile / variant / split / page-size variants (what chose the defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+for sub in ("packages/rlt-attention/src", "packages/rlt-platform/src"):
+    if str(ROOT / sub) not in sys.path:
+        sys.path.insert(0, str(ROOT / sub))
+
+HEADS, HEAD_DIM, BLOCK = 16, 128, 16
+TARGETS = {"decode": 0.70, "prefill": 0.50}
+
+
+def med3(fn, graph: bool = False) -> list[float]:
+    import triton.testing as tt
+
+    fn()  # warm-up, discarded (JIT compile, scratch)
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(3):
+        if graph:
+            runs.append(tt.do_bench_cudagraph(fn, rep=60, return_mode="median"))
+        else:
+            runs.append(tt.do_bench(fn, warmup=10, rep=60, return_mode="median"))
+    return runs
+
+
+def ceilings() -> dict:
+    n = 1 << 30  # 1 Gi bf16 elements = 2 GiB
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy_ms = med3(lambda: dst.copy_(src))
+    copy_bw = 2 * src.numel() * 2 / (statistics.median(copy_ms) * 1e-3)
+    del src, dst
+    m = 8192
+    a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    mm_ms = med3(lambda: a @ b)
+    mm_rate = 2 * m ** 3 / (statistics.median(mm_ms) * 1e-3)
+    del a, b
+    torch.cuda.empty_cache()
+    return {"copy_bytes_per_s": copy_bw, "copy_ms": copy_ms, "copy_bytes": 4 * n,
+            "matmul_flops_per_s": mm_rate, "matmul_ms": mm_ms, "matmul_shape": [m, m, m]}
+
+
+def decode_problem(rows: int, ctx: int, block_size: int = BLOCK, layout: str = "last_exited"):
+    from rlt.attention import KVLayout
+    from rlt.attention.synthetic import random_problem
+
+    return random_problem([(ctx, 1, 3)] * rows, num_heads=HEADS, num_kv_heads=HEADS, head_dim=HEAD_DIM,
+                          block_size=block_size, num_planes=4, layout=KVLayout(layout), dtype=torch.bfloat16,
+                          device="cuda", history="full", spare_blocks=0, seed=rows * 7 + ctx)
+
+
+def prefill_problem(n: int, block_size: int = BLOCK):
+    from rlt.attention.synthetic import random_problem
+
+    return random_problem([(n, n, 3)], num_heads=HEADS, num_kv_heads=HEADS, head_dim=HEAD_DIM, block_size=block_size,
+                          num_planes=4, dtype=torch.bfloat16, device="cuda", history="full", spare_blocks=0, seed=n)
+
+
+def decode_bytes(rows: int, ctx: int) -> int:
+    kv = rows * ctx * HEADS * HEAD_DIM * 2 * 2
+    return kv + 2 * rows * HEADS * HEAD_DIM * 2
+
+
+def prefill_flops(n: int) -> float:
+    return 4.0 * HEADS * HEAD_DIM * n * (n + 1) / 2
+
+
+def record(name, kind, ms, work, ceiling, **extra):
+    med = statistics.median(ms)
+    floor_ms = work / ceiling * 1e3
+    frac = floor_ms / med
+    row = {"name": name, "kind": kind, "times_ms": ms, "median_ms": med, "floor_ms": floor_ms,
+           "fraction_of_floor": frac, **extra}
+    if kind in TARGETS:
+        row["target"] = TARGETS[kind]
+        row["meets_target"] = frac >= TARGETS[kind]
+    return row
+
+
+def run_triton(pb, backend):
+    return lambda: backend.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale)
+
+
+def bench_decode(name, rows, ctx, ceil, backend, graph=True, **meta):
+    pb = decode_problem(rows, ctx, **meta)
+    fn = run_triton(pb, backend)
+    work = decode_bytes(rows, ctx)
+    out = [record(name, "decode", med3(fn), work, ceil["copy_bytes_per_s"], rows=rows, ctx=ctx, bytes=work,
+                  mode="eager", **meta)]
+    if graph:
+        out.append(record(name, "decode", med3(fn, graph=True), work, ceil["copy_bytes_per_s"], rows=rows, ctx=ctx,
+                          bytes=work, mode="graph", **meta))
+    del pb
+    torch.cuda.empty_cache()
+    return out
+
+
+def bench_prefill(name, n, ceil, backend, **meta):
+    pb = prefill_problem(n, **meta)
+    work = prefill_flops(n)
+    row = record(name, "prefill", med3(run_triton(pb, backend)), work, ceil["matmul_flops_per_s"], tokens=n,
+                 flops=work, mode="eager", **meta)
+    del pb
+    torch.cuda.empty_cache()
+    return row
+
+
+def sdpa_rows(ceil) -> list[dict]:
+    import torch.nn.functional as F
+
+    out = []
+    for rows, ctx in ((64, 4096), (1, 32768)):
+        q = torch.randn(rows, HEADS, 1, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(rows, HEADS, ctx, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        ms = med3(lambda: F.scaled_dot_product_attention(q, k, v))
+        out.append(record(f"sdpa_dense decode {rows}x{ctx}", "reference", ms, decode_bytes(rows, ctx),
+                          ceil["copy_bytes_per_s"], rows=rows, ctx=ctx))
+        del q, k, v
+    n = 8192
+    q, k, v = (torch.randn(1, HEADS, n, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    ms = med3(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    out.append(record("sdpa_dense prefill 8192", "reference", ms, prefill_flops(n), ceil["matmul_flops_per_s"],
+                      tokens=n))
+    torch.cuda.empty_cache()
+    return out
+
+
+def sweep(ceil) -> list[dict]:
+    from rlt.attention.backends.triton_backend import DecodeTiles, PrefillTiles, TritonBackend
+
+    out = []
+    for rows, ctx in ((64, 4096), (1, 32768)):
+        pb = decode_problem(rows, ctx)
+        work = decode_bytes(rows, ctx)
+        configs = [dict(decode_variant="elementwise", decode_tiles=DecodeTiles(bn, w)) for bn in (16, 32, 64)
+                   for w in (2, 4, 8)]
+        configs += [dict(decode_variant="grouped", decode_tiles=DecodeTiles(bn, 4, st)) for bn in (32, 64) for st in (2, 3)]
+        if rows == 1:
+            configs += [dict(num_splits=s) for s in (8, 16, 32, 64)]
+        for cfg in configs:
+            be = TritonBackend(**cfg)
+            desc = {k: (str(v) if not isinstance(v, (int, str)) else v) for k, v in cfg.items()}
+            try:
+                ms = med3(run_triton(pb, be))
+                out.append(record(f"sweep decode {rows}x{ctx}", "sweep", ms, work, ceil["copy_bytes_per_s"],
+                                  config=desc, splits=be.splits_for(rows, HEADS, ctx, torch.device("cuda"))))
+            except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is reported, not fatal
+                out.append({"name": f"sweep decode {rows}x{ctx}", "config": desc, "error": repr(exc)[:300]})
+        del pb
+        torch.cuda.empty_cache()
+    for bs in (64, 128):
+        out += [dict(r, name=f"sweep decode 64x4096 block {bs}") for r in
+                bench_decode("decode", 64, 4096, ceil, TritonBackend(), graph=False, block_size=bs)]
+    pb = prefill_problem(8192)
+    for t in (PrefillTiles(128, 64, 8, 3), PrefillTiles(128, 128, 8, 3), PrefillTiles(128, 64, 8, 2),
+              PrefillTiles(128, 32, 8, 4), PrefillTiles(128, 64, 4, 3), PrefillTiles(64, 64, 4, 3),
+              PrefillTiles(128, 128, 8, 2)):
+        try:
+            ms = med3(run_triton(pb, TritonBackend(prefill_tiles=t)))
+            out.append(record("sweep prefill 8192", "sweep", ms, prefill_flops(8192), ceil["matmul_flops_per_s"],
+                              config=str(t)))
+        except Exception as exc:  # noqa: BLE001
+            out.append({"name": "sweep prefill 8192", "config": str(t), "error": repr(exc)[:300]})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("attention_bench.json"))
+    ap.add_argument("--sweep", action="store_true", help="also time tile/variant/split/page-size variants")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("attention_bench: no GPU visible to torch here; nothing to measure")
+        return 0
+    import triton
+
+    from rlt.attention.backends.triton_backend import TritonBackend
+
+    t0 = time.time()
+    ceil = ceilings()
+    backend = TritonBackend()
+    rows = []
+    rows += bench_decode("decode 64x4096", 64, 4096, ceil, backend)
+    rows += bench_decode("decode 1x32768", 1, 32768, ceil, backend)
+    rows.append(bench_prefill("prefill 8192", 8192, ceil, backend))
+    rows += sdpa_rows(ceil)
+    swept = sweep(ceil) if args.sweep else []
+    report = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip,
+        "triton": triton.__version__, "python": platform.python_version(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "method": "median of 3 triton.testing.do_bench medians (rep 60 ms) after 1 discarded warm-up call; "
+                  "graph mode: do_bench_cudagraph",
+        "shapes": {"heads": HEADS, "kv_heads": HEADS, "head_dim": HEAD_DIM, "block_size": BLOCK, "dtype": "bfloat16",
+                   "layout": "last_exited, 4 planes, rows at depth 3, full-depth history"},
+        "ceilings": ceil, "cases": rows, "sweep": swept, "seconds": time.time() - t0,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1, default=str))
+    print(f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
+          f"{ceil['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s")
+    print(f"{'case':34} {'mode':6} {'median ms':>10} {'floor ms':>9} {'of floor':>9}  target")
+    for r in rows + [s for s in swept if "median_ms" in s]:
+        tgt = f"{r['target']:.0%} {'ok' if r['meets_target'] else 'MISS'}" if "target" in r else ""
+        name = r["name"] + (f" {r.get('config', '')}" if r.get("config") else "")
+        print(f"{name[:34]:34} {r.get('mode', ''):6} {r['median_ms']:10.4f} {r['floor_ms']:9.4f} "
+              f"{r['fraction_of_floor']:9.1%}  {tgt}")
+    for s in swept:
+        if "error" in s:
+            print("sweep error:", s["name"], s["config"], s["error"])
+    print(f"wrote {args.out} ({time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
