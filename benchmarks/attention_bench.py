@@ -15,7 +15,9 @@ after one discarded warm-up call (JIT). Decode is also timed as a CUDA-graph rep
 step runs it). ``sdpa_dense`` rows time torch SDPA on the same data laid out densely (no paging,
 no depth indirection): a reference point, not a floor.
 
-``--sweep`` adds tile / variant / split / page-size variants (what chose the defaults).
+Each main case also reports its rel. error against the torch reference on the same inputs.
+``--sweep`` adds tile / variant / split / pre-resolve variants and prefill diagnostics (SHARED
+layout, 256-token pages) that isolate the cost of the paging and depth indirection.
 """
 
 from __future__ import annotations
@@ -116,8 +118,9 @@ def bench_decode(name, rows, ctx, ceil, backend, graph=True, **meta):
     pb = decode_problem(rows, ctx, **meta)
     fn = run_triton(pb, backend)
     work = decode_bytes(rows, ctx)
+    err = check_default(name, pb, backend)
     out = [record(name, "decode", med3(fn), work, ceil["copy_bytes_per_s"], rows=rows, ctx=ctx, bytes=work,
-                  mode="eager", **meta)]
+                  mode="eager", rel_err_vs_reference=err, **meta)]
     if graph:
         out.append(record(name, "decode", med3(fn, graph=True), work, ceil["copy_bytes_per_s"], rows=rows, ctx=ctx,
                           bytes=work, mode="graph", **meta))
@@ -129,8 +132,9 @@ def bench_decode(name, rows, ctx, ceil, backend, graph=True, **meta):
 def bench_prefill(name, n, ceil, backend, **meta):
     pb = prefill_problem(n, **meta)
     work = prefill_flops(n)
+    err = check_default(name, pb, backend)
     row = record(name, "prefill", med3(run_triton(pb, backend)), work, ceil["matmul_flops_per_s"], tokens=n,
-                 flops=work, mode="eager", **meta)
+                 flops=work, mode="eager", rel_err_vs_reference=err, **meta)
     del pb
     torch.cuda.empty_cache()
     return row
@@ -161,39 +165,65 @@ def sweep(ceil) -> list[dict]:
     from rlt.attention.backends.triton_backend import DecodeTiles, PrefillTiles, TritonBackend
 
     out = []
-    for rows, ctx in ((64, 4096), (1, 32768)):
-        pb = decode_problem(rows, ctx)
-        work = decode_bytes(rows, ctx)
-        configs = [dict(decode_variant="elementwise", decode_tiles=DecodeTiles(bn, w)) for bn in (16, 32, 64)
-                   for w in (2, 4, 8)]
-        configs += [dict(decode_variant="grouped", decode_tiles=DecodeTiles(bn, 4, st)) for bn in (32, 64) for st in (2, 3)]
-        if rows == 1:
-            configs += [dict(num_splits=s) for s in (8, 16, 32, 64)]
-        for cfg in configs:
-            be = TritonBackend(**cfg)
-            desc = {k: (str(v) if not isinstance(v, (int, str)) else v) for k, v in cfg.items()}
-            try:
-                ms = med3(run_triton(pb, be))
-                out.append(record(f"sweep decode {rows}x{ctx}", "sweep", ms, work, ceil["copy_bytes_per_s"],
-                                  config=desc, splits=be.splits_for(rows, HEADS, ctx, torch.device("cuda"))))
-            except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is reported, not fatal
-                out.append({"name": f"sweep decode {rows}x{ctx}", "config": desc, "error": repr(exc)[:300]})
-        del pb
-        torch.cuda.empty_cache()
-    for bs in (64, 128):
-        out += [dict(r, name=f"sweep decode 64x4096 block {bs}") for r in
-                bench_decode("decode", 64, 4096, ceil, TritonBackend(), graph=False, block_size=bs)]
-    pb = prefill_problem(8192)
-    for t in (PrefillTiles(128, 64, 8, 3), PrefillTiles(128, 128, 8, 3), PrefillTiles(128, 64, 8, 2),
-              PrefillTiles(128, 32, 8, 4), PrefillTiles(128, 64, 4, 3), PrefillTiles(64, 64, 4, 3),
-              PrefillTiles(128, 128, 8, 2)):
+
+    def timed(name, pb, work, ceiling, cfg, graph=False):
+        desc = {k: (str(v) if not isinstance(v, (int, str, bool)) else v) for k, v in cfg.items()}
         try:
-            ms = med3(run_triton(pb, TritonBackend(prefill_tiles=t)))
-            out.append(record("sweep prefill 8192", "sweep", ms, prefill_flops(8192), ceil["matmul_flops_per_s"],
-                              config=str(t)))
-        except Exception as exc:  # noqa: BLE001
-            out.append({"name": "sweep prefill 8192", "config": str(t), "error": repr(exc)[:300]})
+            ms = med3(run_triton(pb, TritonBackend(**cfg)), graph=graph)
+            out.append(record(name, "sweep", ms, work, ceiling, config=desc, mode="graph" if graph else "eager"))
+        except Exception as exc:  # noqa: BLE001 - a variant that fails to compile is reported, not fatal
+            out.append({"name": name, "config": desc, "error": repr(exc)[:300]})
+
+    bw, mm = ceil["copy_bytes_per_s"], ceil["matmul_flops_per_s"]
+    pb = decode_problem(64, 4096)
+    for cfg in (dict(decode_tiles=DecodeTiles(64, 4, 2)), dict(decode_tiles=DecodeTiles(64, 4, 2), pre_resolve_decode=True),
+                dict(decode_tiles=DecodeTiles(32, 4, 3)), dict(decode_tiles=DecodeTiles(64, 8, 2)),
+                dict(decode_tiles=DecodeTiles(128, 4, 2)),
+                dict(decode_variant="elementwise", decode_tiles=DecodeTiles(64, 2, 2)),
+                dict(decode_variant="elementwise", decode_tiles=DecodeTiles(64, 2, 2), pre_resolve_decode=True)):
+        timed("sweep decode 64x4096", pb, decode_bytes(64, 4096), bw, cfg)
+    del pb
+    pb = decode_problem(1, 32768)
+    for cfg in (dict(), dict(pre_resolve_decode=True), dict(split_decode_tiles=DecodeTiles(64, 4, 2)),
+                dict(split_decode_tiles=DecodeTiles(32, 4, 2)), dict(split_decode_tiles=DecodeTiles(16, 4, 3)),
+                dict(split_decode_tiles=DecodeTiles(32, 2, 3)), dict(split_decode_tiles=DecodeTiles(32, 4, 4)),
+                dict(num_splits=48), dict(num_splits=64), dict(num_splits=64, pre_resolve_decode=True),
+                dict(num_splits=24)):
+        timed("sweep decode 1x32768", pb, decode_bytes(1, 32768), bw, cfg)
+    for cfg in (dict(num_splits=64), dict(num_splits=48, pre_resolve_decode=True)):
+        timed("sweep decode 1x32768", pb, decode_bytes(1, 32768), bw, cfg, graph=True)
+    del pb
+    torch.cuda.empty_cache()
+    pb = prefill_problem(8192)
+    for pre in (True, False):
+        for t in (PrefillTiles(128, 64, 8, 3), PrefillTiles(128, 64, 8, 2), PrefillTiles(128, 128, 8, 3),
+                  PrefillTiles(128, 128, 8, 2), PrefillTiles(128, 32, 8, 4), PrefillTiles(64, 64, 4, 3)):
+            timed("sweep prefill 8192", pb, prefill_flops(8192), mm, dict(prefill_tiles=t, pre_resolve_prefill=pre))
+    del pb
+    # Diagnostics: how much of the prefill time is the depth indirection / paging?
+    from rlt.attention import KVLayout
+    from rlt.attention.synthetic import random_problem
+
+    for layout, bs in (("shared", 16), ("shared", 256), ("last_exited", 256)):
+        pb = random_problem([(8192, 8192, 3)], num_heads=HEADS, num_kv_heads=HEADS, head_dim=HEAD_DIM, block_size=bs,
+                            num_planes=4, layout=KVLayout(layout), dtype=torch.bfloat16, device="cuda",
+                            history="full", spare_blocks=0, seed=3)
+        timed(f"diag prefill 8192 {layout} block {bs}", pb, prefill_flops(8192), mm, dict())
+        del pb
+    torch.cuda.empty_cache()
     return out
+
+
+def check_default(name, pb, backend) -> float:
+    """||triton - torch reference|| / ||reference|| on the benchmarked problem itself."""
+    from rlt.attention.backends.torch_ref import TorchReferenceBackend
+
+    got = backend.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale).float()
+    want = TorchReferenceBackend().forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale).float()
+    err = ((got - want).norm() / want.norm()).item()
+    del got, want
+    torch.cuda.empty_cache()
+    return err
 
 
 def main(argv=None) -> int:
@@ -232,12 +262,15 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps(report, indent=1, default=str))
     print(f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
           f"{ceil['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s")
-    print(f"{'case':34} {'mode':6} {'median ms':>10} {'floor ms':>9} {'of floor':>9}  target")
+    print(f"{'case':26} {'mode':6} {'median ms':>10} {'floor ms':>9} {'of floor':>9}  target / rel err / config")
     for r in rows + [s for s in swept if "median_ms" in s]:
         tgt = f"{r['target']:.0%} {'ok' if r['meets_target'] else 'MISS'}" if "target" in r else ""
-        name = r["name"] + (f" {r.get('config', '')}" if r.get("config") else "")
-        print(f"{name[:34]:34} {r.get('mode', ''):6} {r['median_ms']:10.4f} {r['floor_ms']:9.4f} "
-              f"{r['fraction_of_floor']:9.1%}  {tgt}")
+        if "rel_err_vs_reference" in r:
+            tgt += f" err {r['rel_err_vs_reference']:.1e}"
+        cfg = json.dumps(r["config"]).replace('"', "").replace("DecodeTiles", "D").replace("PrefillTiles", "P") \
+            if r.get("config") else ""
+        print(f"{r['name'][:26]:26} {r.get('mode', ''):6} {r['median_ms']:10.4f} {r['floor_ms']:9.4f} "
+              f"{r['fraction_of_floor']:9.1%}  {tgt} {cfg}")
     for s in swept:
         if "error" in s:
             print("sweep error:", s["name"], s["config"], s["error"])

@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT / "packages/rlt-attention/src"))
 
 POINTERS = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "part_acc_ptr": "*fp32",
             "part_ml_ptr": "*fp32", "bt_ptr": "*i32", "td_ptr": "*i32", "seq_lens_ptr": "*i32", "qdepth_ptr": "*i32",
-            "qsl_ptr": "*i32", "sm_scale_log2": "fp32"}
+            "qsl_ptr": "*i32", "slots_ptr": "*i32", "sm_scale_log2": "fp32"}
 DIV16 = set(POINTERS) - {"sm_scale_log2"} | {"stride_qn", "stride_qh", "stride_kb", "stride_ks", "stride_kh",
-                                              "stride_vb", "stride_vs", "stride_vh", "stride_on"}
+                                              "stride_on"}
 OPS = ("HGMMA", "HMMA", "LDGSTS", "LDG.E.128", "LDL", "STL")
 
 
@@ -53,24 +53,24 @@ def compile_one(fn, consts: dict, arch: int, **opts) -> dict:
 
 
 def variants():
-    from rlt.attention.backends.triton_kernels import paged_decode as D, paged_prefill as P
+    from rlt.attention.backends.triton_kernels import paged_decode as D, paged_prefill as P, paging
 
-    dec = dict(NUM_HEADS=16, GROUP=1, HEAD_DIM=128, BLOCK_D=128, BLOCK_SIZE=16, BLOCK_N=32, SPLIT=False,
-               LAST_EXITED=True)
-    for bn in (16, 32, 64):
-        for w in (2, 4, 8):
+    for pre in (False, True):
+        dec = dict(NUM_HEADS=16, GROUP=1, HEAD_DIM=128, BLOCK_D=128, BLOCK_SIZE=16, BLOCK_N=64, SPLIT=False,
+                   LAST_EXITED=True, PRE_RESOLVED=pre)
+        for bn, w in ((32, 4), (64, 2), (64, 4)):
             yield D.decode_kernel, dict(dec, BLOCK_N=bn), dict(num_warps=w, num_stages=2)
-    yield D.decode_kernel, dict(dec, SPLIT=True), dict(num_warps=4, num_stages=2)
-    grp = dict(dec, BLOCK_G=16, BLOCK_N=64, DOT_PRECISION="tf32")
-    for st in (2, 3):
-        yield D.decode_grouped_kernel, grp, dict(num_warps=4, num_stages=st)
-    yield D.decode_grouped_kernel, dict(grp, GROUP=4, NUM_HEADS=16), dict(num_warps=4, num_stages=3)
+        grp = dict(dec, BLOCK_G=16, DOT_PRECISION="tf32")
+        yield D.decode_grouped_kernel, grp, dict(num_warps=4, num_stages=2)
+        yield D.decode_grouped_kernel, dict(grp, BLOCK_N=32, SPLIT=True), dict(num_warps=4, num_stages=3)
+        yield D.decode_grouped_kernel, dict(grp, GROUP=4), dict(num_warps=4, num_stages=3)
+        pre_c = dict(GROUP=1, GROUP_PAD=1, HEAD_DIM=128, BLOCK_D=128, BLOCK_SIZE=16, BLOCK_Q=128, BLOCK_M=128,
+                     BLOCK_N=64, LAST_EXITED=True, SKIP_SINGLE=False, PRE_RESOLVED=pre, DOT_PRECISION="tf32")
+        for bm, bn, w, s in [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2), (128, 32, 8, 4), (64, 64, 4, 3),
+                             (16, 64, 4, 3)]:
+            yield P.prefill_kernel, dict(pre_c, BLOCK_Q=bm, BLOCK_M=bm, BLOCK_N=bn), dict(num_warps=w, num_stages=s)
     yield D.merge_splits_kernel, dict(NUM_HEADS=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_S=64), dict(num_warps=4)
-    pre = dict(GROUP=1, GROUP_PAD=1, HEAD_DIM=128, BLOCK_D=128, BLOCK_SIZE=16, BLOCK_Q=128, BLOCK_M=128, BLOCK_N=64,
-               LAST_EXITED=True, SKIP_SINGLE=False, DOT_PRECISION="tf32")
-    for bm, bn, w, s in [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2), (128, 32, 8, 4), (128, 64, 4, 3),
-                         (64, 64, 4, 3), (16, 64, 4, 3)]:
-        yield P.prefill_kernel, dict(pre, BLOCK_Q=bm, BLOCK_M=bm, BLOCK_N=bn), dict(num_warps=w, num_stages=s)
+    yield paging.resolve_slots_kernel, dict(BLOCK_SIZE=16, LAST_EXITED=True, BLOCK=1024), dict(num_warps=4)
 
 
 def main(argv=None) -> int:
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows = []
     for fn, consts, opts in variants():
-        tiles = {k: v for k, v in consts.items() if k.startswith("BLOCK") or k in ("SPLIT", "GROUP")}
+        tiles = {k: v for k, v in consts.items() if k.startswith("BLOCK") or k in ("SPLIT", "GROUP", "PRE_RESOLVED")}
         res = compile_one(fn, consts, args.arch, **opts)
         rows.append({"kernel": fn.__name__, "constexprs": tiles, "options": opts, **res})
         print(f"{fn.__name__:22} {json.dumps(tiles)} {json.dumps(opts)} "

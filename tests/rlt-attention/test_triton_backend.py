@@ -25,7 +25,8 @@ from rlt.attention.synthetic import random_problem  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 REF = TorchReferenceBackend()
-SMALL = dict(prefill_tiles=PrefillTiles(block_m=16, block_n=16), decode_tiles=DecodeTiles(block_n=16))
+SMALL = dict(prefill_tiles=PrefillTiles(block_m=16, block_n=16), decode_tiles=DecodeTiles(block_n=16),
+             split_decode_tiles=DecodeTiles(block_n=16))
 
 # (context incl. new tokens, new tokens, depth). Block size 4: contexts 16/17 end on/after a page
 # boundary, 1 is a first token, 64 spans many tiles.
@@ -59,8 +60,10 @@ def check(rows, heads="mha", layout=KVLayout.LAST_EXITED, dtype=torch.float32, s
 @pytest.mark.parametrize("heads", list(HEADS))
 @pytest.mark.parametrize("rows", [DECODE_ROWS, PREFILL_ROWS, CHUNK_ROWS, MIXED_ROWS],
                          ids=["decode", "prefill", "chunks", "mixed"])
-def test_matches_reference(rows, heads, layout):
-    check(rows, heads, layout, seed=hash((len(rows), heads, layout.value)) % 1000, **SMALL)
+@pytest.mark.parametrize("pre", [False, True], ids=["chained", "pre_resolved"])
+def test_matches_reference(rows, heads, layout, pre):
+    check(rows, heads, layout, seed=hash((len(rows), heads, layout.value)) % 1000, pre_resolve_decode=pre,
+          pre_resolve_prefill=pre, **SMALL)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -72,9 +75,11 @@ def test_half_precision(dtype, heads):
 
 @pytest.mark.parametrize("splits", [1, 2, 3, 64])
 @pytest.mark.parametrize("variant", ["elementwise", "grouped"])
-def test_split_kv_decode(splits, variant):
+@pytest.mark.parametrize("pre", [False, True], ids=["chained", "pre_resolved"])
+def test_split_kv_decode(splits, variant, pre):
     """Every split count is correct, including more splits than key tiles (empty splits)."""
-    check(DECODE_ROWS, "gqa2", num_splits=splits, decode_variant=variant, seed=splits, **SMALL)
+    check(DECODE_ROWS, "gqa2", num_splits=splits, decode_variant=variant, pre_resolve_decode=pre, seed=splits,
+          **SMALL)
 
 
 def test_auto_split_policy_is_exercised():

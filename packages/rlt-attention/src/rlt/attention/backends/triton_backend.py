@@ -8,16 +8,22 @@ the selector can read :attr:`TritonBackend.spec` without importing Triton).
 Dispatch, decided only from shapes and the metadata's host-side bounds (never from device data,
 so a step can be captured in a graph and replayed):
 
-* ``max_query_len <= 1`` — pure decode: :func:`decode_kernel` (MHA: one query head per program,
-  no MMA) or :func:`decode_grouped_kernel` (GQA: the group's heads share each KV tile through
-  ``tl.dot``). When rows x head programs are too few to fill the device, the KV range of each row
-  is split (flash-decoding) and a merge kernel combines the partials.
+* ``max_query_len <= 1`` — pure decode: :func:`decode_grouped_kernel` by default (one KV head per
+  program, the group's query heads — one for MHA, padded to 16 — through ``tl.dot``, which Triton
+  software-pipelines with cp.async; measured faster on the H200 than the MMA-free
+  :func:`decode_kernel`, which ``decode_variant="elementwise"`` selects). When rows x head programs
+  are too few to fill the device, the KV range of each row is split (flash-decoding; split count a
+  run-time argument) and a merge kernel combines the partials.
 * otherwise — :func:`prefill_kernel` for the multi-token rows; when the batch has several rows the
   decode kernel runs too and takes the rows of query length 1 (each kernel skips the other's rows
   on the device), so a mixed prefill + decode batch gets the right kernel per row.
 
-Both read LAST_EXITED history through ``kv.token_depth`` in-kernel (``min(query depth, stamped
-depth)``, then that plane's page table) and SHARED from plane 0; nothing is copied.
+Both read LAST_EXITED history through ``kv.token_depth`` (``min(query depth, stamped depth)``,
+then that plane's page table) and SHARED from plane 0; nothing is copied. The plane lookup is a
+chain of three dependent loads per key tile; with ``pre_resolve_*`` a small pre-pass kernel
+(:func:`resolve_slots_kernel`) first writes each row's resolved slot list (``rows x max_seq_len``
+int32, a few hundred KB) so the attention loop does one index load per tile. It runs per call, so
+nothing is cached across calls that could go stale (in-place metadata refills, graph replays).
 
 Precision: ``dot_precision`` is the fp32 ``tl.dot`` precision the platform allows ("tf32" on
 NVIDIA, "ieee" on ROCm, which rejects "tf32"). The numerics contract (ARCHITECTURE §5) requires
@@ -51,9 +57,9 @@ def _next_pow2(x: int) -> int:
 
 @attrs.frozen
 class DecodeTiles:
-    """Decode tile shape: keys per inner iteration and warps per program."""
+    """Decode tile shape: keys per inner iteration, warps per program, software-pipeline depth."""
 
-    block_n: int = 32
+    block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
 
@@ -84,7 +90,10 @@ class TritonBackend(AttentionBackend):
         dot_precision: str = "ieee",
         exact_fp32: bool = True,
         decode_tiles: DecodeTiles = DecodeTiles(),
+        split_decode_tiles: DecodeTiles = DecodeTiles(block_n=32, num_warps=4, num_stages=3),
         prefill_tiles: PrefillTiles = PrefillTiles(),
+        pre_resolve_decode: bool = False,
+        pre_resolve_prefill: bool = True,
         decode_variant: str = "auto",
         num_splits: int | None = None,
         min_keys_per_split: int = 256,
@@ -100,6 +109,9 @@ class TritonBackend(AttentionBackend):
         self.dot_precision = dot_precision
         self.exact_fp32 = exact_fp32
         self.decode_tiles = decode_tiles
+        self.split_decode_tiles = split_decode_tiles
+        self.pre_resolve_decode = pre_resolve_decode
+        self.pre_resolve_prefill = pre_resolve_prefill
         self.prefill_tiles = prefill_tiles
         self.decode_variant = decode_variant
         self.num_splits = num_splits
@@ -197,6 +209,8 @@ class TritonBackend(AttentionBackend):
         paged_decode, paged_prefill, _ = self._k()
         q = query if query.stride(-1) == 1 else query.contiguous()
         k, v = kv.k[layer], kv.v[layer]  # [blocks, block_size, kv_heads, d]
+        if k.stride() != v.stride() or k.stride(-1) != 1:
+            raise ValueError("the K and V caches must share one layout with a contiguous head_dim (KVCache.allocate)")
         nkv = k.shape[2]
         group = nh // nkv
         rows = meta.seq_lens.shape[0]
@@ -211,32 +225,50 @@ class TritonBackend(AttentionBackend):
         if self.poison_output:
             out.fill_(float("nan"))
         block_d = max(16, _next_pow2(d))
-        common = (
-            bt, td, meta.seq_lens, meta.query_depth, meta.query_start_loc, scale * _LOG2E,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), out.stride(0), bt.stride(0), bt.stride(1), num_planes,
-        )
         pure_decode = meta.max_query_len <= 1
+        # One pre-pass resolves every key's depth plane (LAST_EXITED only: SHARED is one load anyway).
+        want = self.pre_resolve_decode if pure_decode else (self.pre_resolve_prefill or self.pre_resolve_decode)
+        pre = want and last_exited and k.stride(0) == kv.block_size * k.stride(1)
+        if pre:
+            slots = torch.empty((rows, max(int(meta.max_seq_len), 1)), dtype=torch.int32, device=query.device)
+            paging = self._paging()
+            paging.resolve_slots_kernel[(rows, -(-slots.shape[1] // 1024))](
+                slots, bt, td, meta.seq_lens, meta.query_depth, slots.stride(0), bt.stride(0), bt.stride(1),
+                num_planes, BLOCK_SIZE=kv.block_size, LAST_EXITED=True, BLOCK=1024, num_warps=4,
+            )
+        else:
+            slots = meta.seq_lens  # unused pointer
+        common = (
+            bt, td, slots, meta.seq_lens, meta.query_depth, meta.query_start_loc, scale * _LOG2E,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), out.stride(0),
+            bt.stride(0), bt.stride(1), slots.stride(0), num_planes,
+        )
+        flags = dict(last_exited=last_exited, pre=pre)
         if pure_decode or rows > 1:
             self._decode(paged_decode, q, k, v, out, common, rows, nh, nkv, group, d, block_d, kv.block_size,
-                         last_exited, precision, meta.max_seq_len)
+                         precision, meta.max_seq_len, **flags)
         if not pure_decode:
             self._prefill(paged_prefill, q, k, v, out, common, rows, nkv, group, d, block_d, kv.block_size,
-                          last_exited, precision, meta.max_query_len, skip_single=rows > 1)
+                          precision, meta.max_query_len, skip_single=rows > 1, last_exited=last_exited, pre=pre)
         return out
 
+    def _paging(self):
+        from rlt.attention.backends.triton_kernels import paging
+
+        return paging
+
     def _decode(self, kernels, q, k, v, out, common, rows, nh, nkv, group, d, block_d, block_size,
-                last_exited, precision, max_seq_len):
+                precision, max_seq_len, last_exited, pre):
         variant = self.decode_variant
         if variant == "auto":
-            variant = "grouped" if group > 1 else "elementwise"
+            variant = "grouped"
         head_programs = nkv if variant == "grouped" else nh
         splits = self.splits_for(rows, head_programs, max_seq_len, q.device)
         if splits > 1:
             acc, ml = self._split_scratch(rows, nh, splits, d, q.device)
         else:
             acc = ml = out  # not written
-        tiles = self.decode_tiles
+        tiles = self.split_decode_tiles if splits > 1 else self.decode_tiles
         block_n = tiles.block_n if block_d <= 128 else max(16, tiles.block_n // 2)
         launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
         if variant == "grouped":
@@ -244,23 +276,23 @@ class TritonBackend(AttentionBackend):
                 q, k, v, out, acc, ml, *common, splits,
                 NUM_HEADS=nh, GROUP=group, BLOCK_G=max(16, _next_pow2(group)), HEAD_DIM=d, BLOCK_D=block_d,
                 BLOCK_SIZE=block_size, BLOCK_N=max(16, block_n), SPLIT=splits > 1, LAST_EXITED=last_exited,
-                DOT_PRECISION=precision, **launch,
+                PRE_RESOLVED=pre, DOT_PRECISION=precision, **launch,
             )
         else:
             kernels.decode_kernel[(rows, nh, splits)](
                 q, k, v, out, acc, ml, *common, splits,
                 NUM_HEADS=nh, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=block_size,
-                BLOCK_N=block_n, SPLIT=splits > 1, LAST_EXITED=last_exited, **launch,
+                BLOCK_N=block_n, SPLIT=splits > 1, LAST_EXITED=last_exited, PRE_RESOLVED=pre, **launch,
             )
         if splits > 1:
             kernels.merge_splits_kernel[(rows, nh)](
-                out, acc, ml, common[4], out.stride(0), splits,
+                out, acc, ml, common[5], out.stride(0), splits,
                 NUM_HEADS=nh, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=MAX_SPLITS,
                 num_warps=4,
             )
 
     def _prefill(self, kernels, q, k, v, out, common, rows, nkv, group, d, block_d, block_size,
-                 last_exited, precision, max_query_len, skip_single):
+                 precision, max_query_len, skip_single, last_exited, pre):
         tiles = self.prefill_tiles
         gpad = _next_pow2(group)
         block_m = min(tiles.block_m, max(16, _next_pow2(max_query_len * gpad)))
@@ -274,6 +306,6 @@ class TritonBackend(AttentionBackend):
             q, k, v, out, *common[:-1], rows, common[-1],
             GROUP=group, GROUP_PAD=gpad, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=block_size,
             BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, LAST_EXITED=last_exited,
-            SKIP_SINGLE=skip_single, DOT_PRECISION=precision,
+            SKIP_SINGLE=skip_single, PRE_RESOLVED=pre, DOT_PRECISION=precision,
             num_warps=num_warps, num_stages=tiles.num_stages,
         )

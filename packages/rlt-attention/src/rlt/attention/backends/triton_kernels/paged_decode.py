@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rlt.attention.backends.triton_kernels.paging import resolve_blocks
+from rlt.attention.backends.triton_kernels.paging import key_offsets
 
 
 @triton.jit
@@ -38,13 +38,12 @@ def _split_range(seq_len, split, num_splits, BLOCK_N: tl.constexpr):
 @triton.jit
 def decode_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    bt_ptr, td_ptr, seq_lens_ptr, qdepth_ptr, qsl_ptr,
+    bt_ptr, td_ptr, slots_ptr, seq_lens_ptr, qdepth_ptr, qsl_ptr,
     sm_scale_log2,
     stride_qn, stride_qh,
     stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
     stride_on,
-    stride_btr, stride_btp,
+    stride_btr, stride_btp, stride_sr,
     num_planes, num_splits,
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
@@ -54,6 +53,7 @@ def decode_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
     LAST_EXITED: tl.constexpr,
+    PRE_RESOLVED: tl.constexpr,
 ):
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -72,6 +72,7 @@ def decode_kernel(
     q = q.to(tl.float32) * sm_scale_log2
 
     bt_row = bt_ptr + row.to(tl.int64) * stride_btr
+    slots_row = slots_ptr + row.to(tl.int64) * stride_sr
     begin, end = _split_range(seq_len, split, num_splits, BLOCK_N)
     m_i = -1.0e30
     l_i = 0.0
@@ -80,18 +81,17 @@ def decode_kernel(
     # not software-pipeline this (non-dot) loop, and the id lookup is a chain of 3 dependent loads.
     offs_n = begin * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < tl.minimum(end * BLOCK_N, seq_len)
-    block, slot = resolve_blocks(bt_row, td_ptr, offs_n, mask_n, qd, stride_btp, num_planes,
-                                 BLOCK_SIZE, LAST_EXITED)
+    kv_off = key_offsets(bt_row, td_ptr, slots_row, offs_n, mask_n, qd, stride_btp, num_planes, stride_kb,
+                         stride_ks, BLOCK_SIZE, LAST_EXITED, PRE_RESOLVED)
     for t in range(begin, end):
         mask_kv = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_ptr + block[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh
-                    + offs_d[None, :], mask=mask_kv, other=0.0)
-        v = tl.load(v_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh
-                    + offs_d[None, :], mask=mask_kv, other=0.0)
+        ptrs = kv_off[:, None] + kv_head * stride_kh + offs_d[None, :]
+        k = tl.load(k_ptr + ptrs, mask=mask_kv, other=0.0)
+        v = tl.load(v_ptr + ptrs, mask=mask_kv, other=0.0)
         next_offs = offs_n + BLOCK_N
         next_mask = next_offs < tl.minimum(end * BLOCK_N, seq_len)
-        next_block, next_slot = resolve_blocks(bt_row, td_ptr, next_offs, next_mask, qd, stride_btp,
-                                               num_planes, BLOCK_SIZE, LAST_EXITED)
+        next_kv_off = key_offsets(bt_row, td_ptr, slots_row, next_offs, next_mask, qd, stride_btp, num_planes,
+                                  stride_kb, stride_ks, BLOCK_SIZE, LAST_EXITED, PRE_RESOLVED)
         s = tl.sum(k.to(tl.float32) * q[None, :], 1)
         s = tl.where(mask_n, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 0))
@@ -100,7 +100,7 @@ def decode_kernel(
         acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
         l_i = l_i * alpha + tl.sum(p, 0)
         m_i = m_new
-        offs_n, mask_n, block, slot = next_offs, next_mask, next_block, next_slot
+        offs_n, mask_n, kv_off = next_offs, next_mask, next_kv_off
 
     if not SPLIT:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)
@@ -116,13 +116,12 @@ def decode_kernel(
 @triton.jit
 def decode_grouped_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    bt_ptr, td_ptr, seq_lens_ptr, qdepth_ptr, qsl_ptr,
+    bt_ptr, td_ptr, slots_ptr, seq_lens_ptr, qdepth_ptr, qsl_ptr,
     sm_scale_log2,
     stride_qn, stride_qh,
     stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
     stride_on,
-    stride_btr, stride_btp,
+    stride_btr, stride_btp, stride_sr,
     num_planes, num_splits,
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
@@ -133,6 +132,7 @@ def decode_grouped_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
     LAST_EXITED: tl.constexpr,
+    PRE_RESOLVED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -154,6 +154,7 @@ def decode_grouped_kernel(
                 mask=mask_g[:, None] & mask_d[None, :], other=0.0)
 
     bt_row = bt_ptr + row.to(tl.int64) * stride_btr
+    slots_row = slots_ptr + row.to(tl.int64) * stride_sr
     begin, end = _split_range(seq_len, split, num_splits, BLOCK_N)
     m_i = tl.full([BLOCK_G], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
@@ -161,13 +162,12 @@ def decode_grouped_kernel(
     for t in range(begin, end):
         offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < seq_len
-        block, slot = resolve_blocks(bt_row, td_ptr, offs_n, mask_n, qd, stride_btp, num_planes,
-                                     BLOCK_SIZE, LAST_EXITED)
+        kv_off = key_offsets(bt_row, td_ptr, slots_row, offs_n, mask_n, qd, stride_btp, num_planes, stride_kb,
+                             stride_ks, BLOCK_SIZE, LAST_EXITED, PRE_RESOLVED)
         mask_kv = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_ptr + block[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh
-                    + offs_d[None, :], mask=mask_kv, other=0.0)
-        v = tl.load(v_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh
-                    + offs_d[None, :], mask=mask_kv, other=0.0)
+        ptrs = kv_off[:, None] + kv_head * stride_kh + offs_d[None, :]
+        k = tl.load(k_ptr + ptrs, mask=mask_kv, other=0.0)
+        v = tl.load(v_ptr + ptrs, mask=mask_kv, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale_log2
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))

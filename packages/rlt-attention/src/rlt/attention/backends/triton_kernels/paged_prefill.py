@@ -20,26 +20,26 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rlt.attention.backends.triton_kernels.paging import find_row, resolve_blocks
+from rlt.attention.backends.triton_kernels.paging import find_row, key_offsets
 
 
 @triton.jit
 def _attend_tile(
-    acc, m_i, l_i, q, start, k_ptr, v_ptr, bt_row, td_ptr, qd, stride_btp, num_planes,
-    stride_kb, stride_ks, stride_vb, stride_vs, kv_off, offs_d, mask_d, q_pos, kv_end,
+    acc, m_i, l_i, q, start, k_ptr, v_ptr, bt_row, td_ptr, slots_row, qd, stride_btp, num_planes,
+    stride_kb, stride_ks, head_off, offs_d, mask_d, q_pos, kv_end,
     sm_scale_log2,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, MASKED: tl.constexpr,
-    LAST_EXITED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    LAST_EXITED: tl.constexpr, PRE_RESOLVED: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     offs_n = start + tl.arange(0, BLOCK_N)
     if MASKED:
         mask_n = offs_n < kv_end
     else:
         mask_n = offs_n >= 0
-    block, slot = resolve_blocks(bt_row, td_ptr, offs_n, mask_n, qd, stride_btp, num_planes,
-                                 BLOCK_SIZE, LAST_EXITED)
-    k_ptrs = k_ptr + block[None, :] * stride_kb + slot[None, :] * stride_ks + kv_off + offs_d[:, None]
-    v_ptrs = v_ptr + block[:, None] * stride_vb + slot[:, None] * stride_vs + kv_off + offs_d[None, :]
+    kv_off = key_offsets(bt_row, td_ptr, slots_row, offs_n, mask_n, qd, stride_btp, num_planes, stride_kb, stride_ks,
+                         BLOCK_SIZE, LAST_EXITED, PRE_RESOLVED) + head_off
+    k_ptrs = k_ptr + kv_off[None, :] + offs_d[:, None]
+    v_ptrs = v_ptr + kv_off[:, None] + offs_d[None, :]
     if MASKED:
         k = tl.load(k_ptrs, mask=mask_n[None, :] & mask_d[:, None], other=0.0)
         v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
@@ -63,13 +63,12 @@ def _attend_tile(
 @triton.jit
 def prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr,
-    bt_ptr, td_ptr, seq_lens_ptr, qdepth_ptr, qsl_ptr,
+    bt_ptr, td_ptr, slots_ptr, seq_lens_ptr, qdepth_ptr, qsl_ptr,
     sm_scale_log2,
     stride_qn, stride_qh,
     stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
     stride_on,
-    stride_btr, stride_btp,
+    stride_btr, stride_btp, stride_sr,
     num_rows, num_planes,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -81,6 +80,7 @@ def prefill_kernel(
     BLOCK_N: tl.constexpr,
     LAST_EXITED: tl.constexpr,
     SKIP_SINGLE: tl.constexpr,
+    PRE_RESOLVED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -114,21 +114,22 @@ def prefill_kernel(
     kv_end = tl.minimum(ctx_start + (local + 1) * BLOCK_Q, seq_len)
     full_end = ((first_pos + 1) // BLOCK_N) * BLOCK_N
     bt_row = bt_ptr + row.to(tl.int64) * stride_btr
-    kv_off = kv_head * stride_kh
+    slots_row = slots_ptr + row.to(tl.int64) * stride_sr
+    head_off = kv_head * stride_kh
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start in range(0, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, start, k_ptr, v_ptr, bt_row, td_ptr, qd, stride_btp, num_planes,
-            stride_kb, stride_ks, stride_vb, stride_vs, kv_off, offs_d, mask_d, q_pos, kv_end,
-            sm_scale_log2, BLOCK_SIZE, BLOCK_N, BLOCK_D == HEAD_DIM, False, LAST_EXITED, DOT_PRECISION)
+            acc, m_i, l_i, q, start, k_ptr, v_ptr, bt_row, td_ptr, slots_row, qd, stride_btp, num_planes,
+            stride_kb, stride_ks, head_off, offs_d, mask_d, q_pos, kv_end, sm_scale_log2,
+            BLOCK_SIZE, BLOCK_N, BLOCK_D == HEAD_DIM, False, LAST_EXITED, PRE_RESOLVED, DOT_PRECISION)
     for start in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, start, k_ptr, v_ptr, bt_row, td_ptr, qd, stride_btp, num_planes,
-            stride_kb, stride_ks, stride_vb, stride_vs, kv_off, offs_d, mask_d, q_pos, kv_end,
-            sm_scale_log2, BLOCK_SIZE, BLOCK_N, BLOCK_D == HEAD_DIM, True, LAST_EXITED, DOT_PRECISION)
+            acc, m_i, l_i, q, start, k_ptr, v_ptr, bt_row, td_ptr, slots_row, qd, stride_btp, num_planes,
+            stride_kb, stride_ks, head_off, offs_d, mask_d, q_pos, kv_end, sm_scale_log2,
+            BLOCK_SIZE, BLOCK_N, BLOCK_D == HEAD_DIM, True, LAST_EXITED, PRE_RESOLVED, DOT_PRECISION)
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(out_ptr + q_rows[:, None] * stride_on + head[:, None] * HEAD_DIM + offs_d[None, :],

@@ -56,3 +56,46 @@ def find_row(qsl_ptr, q_block, num_rows, BLOCK_Q: tl.constexpr):
         else:
             hi = mid
     return lo - 1
+
+
+@triton.jit
+def key_offsets(
+    bt_row_ptr, td_ptr, slots_row_ptr, offs_n, mask_n, query_depth, stride_btp, num_planes,
+    stride_kb, stride_ks,
+    BLOCK_SIZE: tl.constexpr, LAST_EXITED: tl.constexpr, PRE_RESOLVED: tl.constexpr,
+):
+    """int64 element offset of each key's slot in a ``[blocks, block_size, kv_heads, d]`` cache.
+
+    ``PRE_RESOLVED``: one load from the row's slot list written by :func:`resolve_slots_kernel`
+    (requires ``stride_kb == BLOCK_SIZE * stride_ks``); otherwise the 1-3 dependent table loads.
+    """
+    if PRE_RESOLVED:
+        slot = tl.load(slots_row_ptr + offs_n, mask=mask_n, other=0)
+        return slot.to(tl.int64) * stride_ks
+    else:
+        block, slot = resolve_blocks(bt_row_ptr, td_ptr, offs_n, mask_n, query_depth, stride_btp, num_planes,
+                                     BLOCK_SIZE, LAST_EXITED)
+        return block * stride_kb + slot * stride_ks
+
+
+@triton.jit
+def resolve_slots_kernel(
+    slots_ptr, bt_ptr, td_ptr, seq_lens_ptr, qdepth_ptr,
+    stride_sr, stride_btr, stride_btp, num_planes,
+    BLOCK_SIZE: tl.constexpr, LAST_EXITED: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """``slots[row, j] = block * BLOCK_SIZE + offset`` of key j's depth-resolved slot, j < seq_len.
+
+    Run once per attention call before the attention kernel, so its key loop does one index load
+    per tile instead of a chain of three (block table -> version map -> block table)."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + row)
+    if chunk * BLOCK >= seq_len:
+        return
+    qd = tl.load(qdepth_ptr + row)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < seq_len
+    block, slot = resolve_blocks(bt_ptr + row.to(tl.int64) * stride_btr, td_ptr, offs, mask, qd, stride_btp,
+                                 num_planes, BLOCK_SIZE, LAST_EXITED)
+    tl.store(slots_ptr + row.to(tl.int64) * stride_sr + offs, (block * BLOCK_SIZE + slot).to(tl.int32), mask=mask)
