@@ -92,6 +92,8 @@ def test_other_shapes():
     check(MIXED, heads=(12, 4), head_dim=96, block_size=32, seed=2)
     check(MIXED, dtype=torch.float16, seed=3)
     check(MIXED, heads=(8, 1), block_size=128, seed=4, prefill_tiles=PrefillTiles(block_m=64, block_n=32, num_warps=4))
+    check(MIXED, heads=(8, 8), head_dim=256, seed=5)  # the spec's largest head dim: tiles must fit shared memory
+    check(MIXED, seed=6, pre_resolve_decode=False, pre_resolve_prefill=False)  # the chained-lookup path
 
 
 def test_tf32_when_allowed():

@@ -88,11 +88,11 @@ def test_auto_split_policy_is_exercised():
     assert backend.splits_for(1, 4, 64, cpu) == 4  # few programs: split, >= 16 keys each
     assert backend.splits_for(1, 4, 10, cpu) == 1  # too short to split
     assert backend.splits_for(64, 16, 4096, cpu) == 1  # plenty of programs
-    assert TritonBackend().splits_for(1, 16, 32768, cpu) == 4  # 64 programs = 4 per pretend SM
+    assert TritonBackend().splits_for(1, 16, 32768, cpu) == 6  # 96 programs = 6 per pretend SM
     check(DECODE_ROWS, "mha", min_keys_per_split=16, **SMALL)
 
 
-@pytest.mark.parametrize("head_dim", [16, 24, 64])
+@pytest.mark.parametrize("head_dim", [16, 24, 64, 160])
 def test_head_dims(head_dim):
     check(MIXED_ROWS, "gqa2", head_dim=head_dim, seed=head_dim)
 

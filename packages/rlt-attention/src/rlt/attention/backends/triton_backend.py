@@ -31,6 +31,10 @@ fp32 paths to be token-identical to the fp32 oracle, so fp32 inputs use "ieee" u
 ``exact_fp32=False`` opts into the platform's faster precision. bf16/fp16 dots ignore the
 setting (bf16 operands, fp32 accumulation, fp32 softmax).
 
+Defaults were chosen on the H200 (benchmarks/attention_bench.py --sweep, results in
+benchmarks/results/): grouped decode with 64-key tiles and pre-resolved slots; split decode with
+32-key tiles, 3 stages, ~6 programs per SM; prefill 128x128 tiles, 8 warps, 3 stages, pre-resolved.
+
 Graph safety: no host synchronisation, no data-dependent Python, split scratch cached per shape
 (allocate it by running each bucket once before capture, as with any Triton kernel's JIT).
 """
@@ -69,7 +73,7 @@ class PrefillTiles:
     """Prefill tile shape upper bounds: ``block_m`` query rows (tokens x packed heads), ``block_n`` keys."""
 
     block_m: int = 128
-    block_n: int = 64
+    block_n: int = 128
     num_warps: int = 8
     num_stages: int = 3
 
@@ -92,7 +96,7 @@ class TritonBackend(AttentionBackend):
         decode_tiles: DecodeTiles = DecodeTiles(),
         split_decode_tiles: DecodeTiles = DecodeTiles(block_n=32, num_warps=4, num_stages=3),
         prefill_tiles: PrefillTiles = PrefillTiles(),
-        pre_resolve_decode: bool = False,
+        pre_resolve_decode: bool = True,
         pre_resolve_prefill: bool = True,
         decode_variant: str = "auto",
         num_splits: int | None = None,
@@ -152,7 +156,7 @@ class TritonBackend(AttentionBackend):
         return self._sm_count[device]
 
     def splits_for(self, rows: int, head_programs: int, max_seq_len: int, device: torch.device) -> int:
-        """KV splits per row: enough programs for ~4 per SM, each split >= ``min_keys_per_split`` keys.
+        """KV splits per row: enough programs for ~6 per SM, each split >= ``min_keys_per_split`` keys.
 
         Depends only on the batch shape and the host-side length bound; the kernels divide the
         actual (device) length among the splits, so any split count is correct.
@@ -163,7 +167,7 @@ class TritonBackend(AttentionBackend):
         sms = self._num_sms(device)
         if programs >= 2 * sms:
             return 1
-        want = -(-4 * sms // programs)
+        want = -(-6 * sms // programs)
         by_len = max(1, -(-max(int(max_seq_len), 1) // self.min_keys_per_split))
         return max(1, min(want, by_len, MAX_SPLITS))
 
@@ -297,8 +301,12 @@ class TritonBackend(AttentionBackend):
         gpad = _next_pow2(group)
         block_m = min(tiles.block_m, max(16, _next_pow2(max_query_len * gpad)))
         block_m = max(block_m, gpad)
+        block_n = tiles.block_n
+        num_stages = tiles.num_stages
+        if block_d > 128:  # keep Q + pipelined K/V tiles inside shared memory
+            block_m, block_n, num_stages = min(block_m, 64), min(block_n, 32), min(num_stages, 2)
+            block_m = max(block_m, gpad)
         block_q = block_m // gpad
-        block_n = tiles.block_n if block_d <= 128 else max(16, tiles.block_n // 2)
         num_warps = tiles.num_warps if block_m >= 128 else min(tiles.num_warps, 4)
         n = q.shape[0]
         grid = (n // block_q + rows, nkv)
@@ -307,5 +315,5 @@ class TritonBackend(AttentionBackend):
             GROUP=group, GROUP_PAD=gpad, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=block_size,
             BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, LAST_EXITED=last_exited,
             SKIP_SINGLE=skip_single, PRE_RESOLVED=pre, DOT_PRECISION=precision,
-            num_warps=num_warps, num_stages=tiles.num_stages,
+            num_warps=num_warps, num_stages=num_stages,
         )
