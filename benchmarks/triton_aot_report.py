@@ -7,7 +7,8 @@ Uses Triton's own compiler and the ``cuobjdump`` its wheel ships. Integer argume
 multiples of 16 at run time (pointers, the K/V/query/output strides of Ouro's shapes) carry the same
 divisibility hint the JIT would give them; without it the loads are not vectorised. Reports, per
 variant: ``REG``, ``STACK``/``LOCAL`` (spills), the count of ``HGMMA`` (wgmma), ``HMMA`` (mma.sync),
-``LDGSTS`` (cp.async, i.e. software-pipelined loads) and 128-bit global loads.
+``LDGSTS`` (cp.async, i.e. software-pipelined loads), 128-bit global loads, and the dynamic shared
+memory with whether it fits the 227 KiB a program may use.
 """
 
 from __future__ import annotations
@@ -33,10 +34,14 @@ OPS = ("HGMMA", "HMMA", "LDGSTS", "LDG.E.128", "LDL", "STL")
 
 def compile_one(fn, consts: dict, arch: int, **opts) -> dict:
     import triton
+
+    consts = dict(consts)
+    dtype = consts.pop("_dtype", "bf16")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    sig = {n: ("constexpr" if n in consts else POINTERS.get(n, "i32")) for n in fn.arg_names}
+    types = {**POINTERS, **{n: "*" + dtype for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}}
+    sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in DIV16 and n not in consts}
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                             target=GPUTarget("cuda", arch, 32), options=opts)
@@ -49,6 +54,8 @@ def compile_one(fn, consts: dict, arch: int, **opts) -> dict:
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
     res = dict(zip(("regs", "stack", "shared", "local"), map(int, m.groups()))) if m else {"usage": usage[-300:]}
     res.update({op: sass.count(op) for op in OPS})
+    res["dynamic_shared"] = kernel.metadata.shared
+    res["fits_227KiB"] = kernel.metadata.shared <= 227 * 1024
     return res
 
 
@@ -69,6 +76,10 @@ def variants():
         for bm, bn, w, s in [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2), (128, 32, 8, 4), (64, 64, 4, 3),
                              (16, 64, 4, 3)]:
             yield P.prefill_kernel, dict(pre_c, BLOCK_Q=bm, BLOCK_M=bm, BLOCK_N=bn), dict(num_warps=w, num_stages=s)
+    fp32 = dict(GROUP=1, GROUP_PAD=1, HEAD_DIM=128, BLOCK_D=128, BLOCK_SIZE=16, BLOCK_Q=128, BLOCK_M=128, BLOCK_N=64,
+                LAST_EXITED=True, SKIP_SINGLE=False, PRE_RESOLVED=True, DOT_PRECISION="ieee", _dtype="fp32")
+    yield P.prefill_kernel, fp32, dict(num_warps=8, num_stages=3)
+    yield P.prefill_kernel, dict(fp32, BLOCK_N=128), dict(num_warps=8, num_stages=3)
     yield D.merge_splits_kernel, dict(NUM_HEADS=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_S=64), dict(num_warps=4)
     yield paging.resolve_slots_kernel, dict(BLOCK_SIZE=16, LAST_EXITED=True, BLOCK=1024), dict(num_warps=4)
 
@@ -80,11 +91,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows = []
     for fn, consts, opts in variants():
-        tiles = {k: v for k, v in consts.items() if k.startswith("BLOCK") or k in ("SPLIT", "GROUP", "PRE_RESOLVED")}
+        tiles = {k: v for k, v in consts.items()
+                 if k.startswith("BLOCK") or k in ("SPLIT", "GROUP", "PRE_RESOLVED", "_dtype")}
         res = compile_one(fn, consts, args.arch, **opts)
         rows.append({"kernel": fn.__name__, "constexprs": tiles, "options": opts, **res})
         print(f"{fn.__name__:22} {json.dumps(tiles)} {json.dumps(opts)} "
-              + " ".join(f"{k}={res[k]}" for k in ("regs", "stack", "local", *OPS) if k in res))
+              + " ".join(f"{k}={res[k]}" for k in ("regs", "stack", "local", *OPS, "dynamic_shared", "fits_227KiB")
+                         if k in res))
     if args.out:
         args.out.write_text(json.dumps({"arch": args.arch, "variants": rows}, indent=1))
     return 0

@@ -171,3 +171,20 @@ def test_spec_is_honest():
     assert spec.graph_safe and spec.packed_prefill and spec.depth_indirection
     spec.check(dtype=torch.bfloat16, head_dim=128, block_size=16)
     spec.check(dtype=torch.float32, head_dim=8, block_size=1)
+
+
+def test_prefill_tiles_fit_shared_memory():
+    """The estimate matches the sm_90 compiler's dynamic shared memory (bf16 128x128x3: 164,864 B;
+    fp32 128x64x3: 164,864 B; fp32 128x128x3: 263,168 B, over the 227 KiB limit: the config under
+    which the fp32 8K-prefill GPU tests failed in H200 run 3), and every clamped choice fits."""
+    from rlt.attention.backends.triton_backend import SHARED_MEMORY_BYTES, _fit_shared, prefill_shared_bytes
+
+    assert prefill_shared_bytes(128, 128, 3, 128, 2) == 164_864
+    assert prefill_shared_bytes(128, 128, 3, 128, 4) >= 263_168 > SHARED_MEMORY_BYTES
+    assert prefill_shared_bytes(128, 64, 3, 128, 4) == 164_864
+    assert prefill_shared_bytes(64, 32, 2, 256, 2) == 66_560 <= 98_304  # compiler: 98,304 (estimate is a floor)
+    for block_d in (16, 64, 128, 256):
+        for elem in (2, 4):
+            bn, st = _fit_shared(128 if block_d <= 128 else 64, 128, 3, block_d, elem)
+            assert prefill_shared_bytes(128 if block_d <= 128 else 64, bn, st, block_d, elem) <= SHARED_MEMORY_BYTES
+    assert _fit_shared(128, 128, 3, 128, 4) == (128, 2)  # one stage fewer fits

@@ -33,7 +33,8 @@ setting (bf16 operands, fp32 accumulation, fp32 softmax).
 
 Defaults were chosen on the H200 (benchmarks/attention_bench.py --sweep, results in
 benchmarks/results/): grouped decode with 64-key tiles and pre-resolved slots; split decode with
-32-key tiles, 3 stages, ~6 programs per SM; prefill 128x128 tiles, 8 warps, 3 stages, pre-resolved.
+32-key tiles, 3 stages, ~6 programs per SM; prefill 128x128 tiles, 8 warps, 3 stages, pre-resolved (fp32: 128x64; any choice is clamped to
+the shared memory a program may use, see :func:`prefill_shared_bytes`).
 
 Graph safety: no host synchronisation, no data-dependent Python, split scratch cached per shape
 (allocate it by running each bucket once before capture, as with any Triton kernel's JIT).
@@ -53,6 +54,29 @@ from rlt.attention.metadata import AttentionMetadata
 _LOG2E = 1.4426950408889634
 #: Most KV splits per row (the automatic policy also keeps >= ``min_keys_per_split`` keys per split).
 MAX_SPLITS = 64
+#: Dynamic shared memory one program may use (Hopper/Ampere opt-in maximum: 227 KiB).
+SHARED_MEMORY_BYTES = 227 * 1024
+
+
+def prefill_shared_bytes(block_m: int, block_n: int, num_stages: int, block_d: int, elem: int) -> int:
+    """Shared memory of the prefill kernel as Triton 3.6 allocates it for sm_90 (fitted to the
+    compiler's numbers, benchmarks/triton_aot_report.py): K and V tiles in ``num_stages - 1``
+    pipeline buffers, plus the Q tile on the 16-bit MMA path, or (fp32 FMA path) a P-tile layout
+    conversion buffer. Exact for bf16 128x128x3 and fp32 128x64x3; an upper bound otherwise."""
+    kv = (num_stages - 1) * 2 * block_n * block_d * elem
+    extra = block_m * block_d * elem if elem < 4 else block_m * block_n * elem
+    return kv + extra + 1024
+
+
+def _fit_shared(block_m: int, block_n: int, num_stages: int, block_d: int, elem: int) -> tuple[int, int]:
+    while prefill_shared_bytes(block_m, block_n, num_stages, block_d, elem) > SHARED_MEMORY_BYTES:
+        if num_stages > 2:
+            num_stages -= 1
+        elif block_n > 16:
+            block_n //= 2
+        else:
+            break
+    return block_n, num_stages
 
 
 def _next_pow2(x: int) -> int:
@@ -96,6 +120,7 @@ class TritonBackend(AttentionBackend):
         decode_tiles: DecodeTiles = DecodeTiles(),
         split_decode_tiles: DecodeTiles = DecodeTiles(block_n=32, num_warps=4, num_stages=3),
         prefill_tiles: PrefillTiles = PrefillTiles(),
+        fp32_prefill_tiles: PrefillTiles = PrefillTiles(block_m=128, block_n=64, num_warps=8, num_stages=3),
         pre_resolve_decode: bool = True,
         pre_resolve_prefill: bool = True,
         decode_variant: str = "auto",
@@ -117,6 +142,8 @@ class TritonBackend(AttentionBackend):
         self.pre_resolve_decode = pre_resolve_decode
         self.pre_resolve_prefill = pre_resolve_prefill
         self.prefill_tiles = prefill_tiles
+        #: fp32 (exact, FMA dots) keeps K/V tiles in fp32 and no Q tile: 128x128 would need 263 KB.
+        self.fp32_prefill_tiles = fp32_prefill_tiles
         self.decode_variant = decode_variant
         self.num_splits = num_splits
         self.min_keys_per_split = min_keys_per_split
@@ -297,15 +324,17 @@ class TritonBackend(AttentionBackend):
 
     def _prefill(self, kernels, q, k, v, out, common, rows, nkv, group, d, block_d, block_size,
                  precision, max_query_len, skip_single, last_exited, pre):
-        tiles = self.prefill_tiles
+        elem = q.element_size()
+        tiles = self.fp32_prefill_tiles if elem == 4 else self.prefill_tiles
         gpad = _next_pow2(group)
         block_m = min(tiles.block_m, max(16, _next_pow2(max_query_len * gpad)))
         block_m = max(block_m, gpad)
         block_n = tiles.block_n
         num_stages = tiles.num_stages
-        if block_d > 128:  # keep Q + pipelined K/V tiles inside shared memory
+        if block_d > 128:  # keep Q + pipelined K/V tiles inside shared memory (and registers)
             block_m, block_n, num_stages = min(block_m, 64), min(block_n, 32), min(num_stages, 2)
             block_m = max(block_m, gpad)
+        block_n, num_stages = _fit_shared(block_m, block_n, num_stages, block_d, elem)
         block_q = block_m // gpad
         num_warps = tiles.num_warps if block_m >= 128 else min(tiles.num_warps, 4)
         n = q.shape[0]
