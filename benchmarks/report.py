@@ -46,6 +46,22 @@ def _pkg_version(pyproject: Path) -> str | None:
         return None
 
 
+def source_fingerprint() -> str:
+    """sha256 over the Python sources that run (packages, apps, benchmarks), path and content.
+
+    Works where the tree was copied without ``.git`` (a device machine): recompute it on a
+    checkout to tell which source a result came from.
+    """
+    import hashlib
+
+    h = hashlib.sha256()
+    files = sorted(p for pat in ("packages/*/src/**/*.py", "apps/*/src/**/*.py", "benchmarks/*.py")
+                   for p in REPO.glob(pat))
+    for p in files:
+        h.update(str(p.relative_to(REPO)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def environment(device: torch.device) -> dict:
     env = {
         "python": sys.version.split()[0],
@@ -74,6 +90,7 @@ def environment(device: torch.device) -> dict:
         env["driver"] = None
     env["rlt_packages"] = {p.parent.name: _pkg_version(p) for p in sorted(REPO.glob("packages/*/pyproject.toml"))}
     env["rlt_commit"] = os.environ.get("RLT_GIT_COMMIT") or _run(["git", "rev-parse", "--short=12", "HEAD"])
+    env["rlt_source_sha256"] = source_fingerprint()
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"])
     env["rlt_dirty"] = bool(dirty) if env["rlt_commit"] and not os.environ.get("RLT_GIT_COMMIT") else None
     return env
@@ -157,7 +174,8 @@ def markdown(results: dict) -> str:
         f"- device: {env.get('device')} · driver {env.get('driver') or '-'} · torch {env.get('torch')} "
         f"(CUDA {env.get('cuda_runtime') or '-'}) · Triton {env.get('triton')} · Python {env.get('python')}",
         f"- rlt: {', '.join(f'{k} {v}' for k, v in env.get('rlt_packages', {}).items())} · commit "
-        f"{env.get('rlt_commit') or '-'}{' (dirty)' if env.get('rlt_dirty') else ''}",
+        f"{env.get('rlt_commit') or '-'}{' (dirty)' if env.get('rlt_dirty') else ''} · source sha256 "
+        f"{env.get('rlt_source_sha256')} (`python -c 'from benchmarks.report import source_fingerprint as f; print(f())'`)",
         f"- dtype {model.get('dtype')} · attention backend requested `{results['options'].get('attention_backend')}`"
         + (f" · {results['backend_note']}" if results.get("backend_note") else ""),
         f"- measured ceilings (this run): copy {ceil.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s (read+write), "

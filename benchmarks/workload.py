@@ -260,6 +260,9 @@ def _metrics(wl: Workload, outs, log: StepLog, wall: float) -> dict:
         "prefill_tok_s": prompt_tokens / pre_time if pre_time > 0 else None,
         "ms_per_loop_step": ms_loop,
         "ms_per_token_step": ms_loop * mean_depth if ms_loop is not None and mean_depth else None,
+        # Medians are robust to one-off JIT compiles (the warm-up's job); used to predict rep length.
+        "median_decode_step_ms": float(1e3 * np.median(sec[~pre])) if dec_steps else None,
+        "median_prefill_step_ms": float(1e3 * np.median(sec[pre])) if pre.any() else None,
         "mean_rows_per_decode_step": float(np.mean(np.asarray(log.rows)[~pre])) if dec_steps else None,
         "ttft_ms_p50": _pct(ttft, 50), "ttft_ms_p95": _pct(ttft, 95),
         "tpot_ms_p50": _pct(tpot, 50), "tpot_ms_p95": _pct(tpot, 95),
@@ -411,17 +414,20 @@ def run_workload(model_dir: str, model_cfg, wl: Workload, opts: EngineOptions, *
 
 
 def _prefill_part(wl: Workload, warm: dict) -> float:
-    """Seconds the warm-up spent in prefill steps, scaled to the workload's request count."""
-    if warm.get("prefill_tok_s"):
-        pre_s = warm["prompt_tokens"] / warm["prefill_tok_s"]
-    else:
-        pre_s = warm["wall_s"] * warm["prefill_steps"] / max(warm["steps"], 1)
-    return pre_s * wl.requests / max(warm["requests"], 1)
+    """Seconds of prefill steps a repetition needs, from the warm-up's median prefill step.
+
+    Medians, not sums: the warm-up's first steps include kernel JIT compiles, which a measured
+    repetition does not pay again.
+    """
+    med = warm.get("median_prefill_step_ms")
+    if med is None:
+        return 0.0
+    return warm["prefill_steps"] * med / 1e3 * wl.requests / max(warm["requests"], 1)
 
 
 def _predict_rep_s(wl: Workload, warm: dict, output_len: int, loops: int) -> float:
-    """A repetition's length from the warm-up: its prefill time plus the decode steps it needs."""
-    loop_ms = warm["ms_per_loop_step"] or 1e3 * warm["wall_s"] / max(warm["steps"], 1)
+    """A repetition's length from the warm-up: its prefill steps plus the decode steps it needs."""
+    loop_ms = warm.get("median_decode_step_ms") or 1e3 * warm["wall_s"] / max(warm["steps"], 1)
     rounds = math.ceil(wl.requests / wl.concurrency)
     depth = warm["mean_exit_depth"] or loops
     return _prefill_part(wl, warm) + rounds * max(output_len - 1, 0) * depth * loop_ms / 1e3
