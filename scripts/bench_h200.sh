@@ -45,12 +45,12 @@ echo "attention backend for the run: $BACKEND (probe took $(( $(date +%s) - T0 )
 $PY -m benchmarks.offline_bench \
   --model ouro-1.4b --dtype bfloat16 --attention-backend "$BACKEND" --fallback-backend torch \
   --work-dir /tmp/rlt-bench --out-dir "$OUT" --reps 3 --warmup-output-len 4 \
-  --workload c=1,in=1024,out=128,req=1,budget=30,name=c1-1k \
-  --workload c=32,in=1024,out=128,req=32,budget=30,name=c32-1k \
-  --workload c=64,in=1024,out=128,req=64,budget=40,name=c64-1k \
-  --workload c=128,in=1024,out=128,req=128,budget=50,name=c128-1k \
-  --workload c=16,in=4096,out=128,req=16,budget=35,name=c16-4k \
-  --workload c=1,in=8192,out=1,req=1,budget=20,name=prefill-8k \
+  --workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k \
+  --workload c=32,in=1024,out=128,req=32,budget=25,name=c32-1k \
+  --workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k \
+  --workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k \
+  --workload c=16,in=4096,out=128,req=16,budget=30,name=c16-4k \
+  --workload c=1,in=8192,out=1,req=1,budget=15,name=prefill-8k \
   --workload c=64,in=1024,out=128,req=64,tau=0.7,budget=20,name=c64-1k-adaptive \
   --baseline reference:c=1,in=1024,out=4 \
   --baseline dense:c=1,in=1024,out=32 \
