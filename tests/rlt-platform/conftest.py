@@ -33,3 +33,4 @@ def fake_torch_npu(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_npu", mod)
     monkeypatch.setattr(torch, "npu", npu, raising=False)
     return mod
+

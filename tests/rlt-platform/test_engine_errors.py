@@ -8,6 +8,8 @@ import torch
 from rlt.platform import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
 from rlt.platform.errors import ConfigError
 
+from engine_helpers import drain
+
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 
 
@@ -16,13 +18,7 @@ def engine(tiny_checkpoint):
     return LLMEngine(EngineConfig(model=str(tiny_checkpoint(seed=21)), dtype="float32", block_size=4, max_model_len=64))
 
 
-def _drain(engine):
-    done = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o
-    return done
+_drain = drain
 
 
 BAD_REQUESTS = [

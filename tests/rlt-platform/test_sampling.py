@@ -11,6 +11,8 @@ import torch
 from rlt.platform import EngineConfig, LLMEngine, SamplingParams
 from rlt.platform.engine.sampler import SamplingBatch, sample, uniform_noise
 
+from engine_helpers import drain
+
 
 def _engine(path, **kw):
     return LLMEngine(EngineConfig(model=str(path), dtype="float32", block_size=4, **kw))
@@ -19,12 +21,7 @@ def _engine(path, **kw):
 def _run(engine, reqs):
     for rid, prompt, sp in reqs:
         engine.add_request(rid, prompt, sp)
-    done = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o
-    return done
+    return drain(engine)
 
 
 def test_seeded_sampling_independent_of_batch(tiny_checkpoint):

@@ -8,8 +8,6 @@ controls: ``min_loops`` / ``max_loops`` bound the loops a generated token may ru
 from __future__ import annotations
 
 import math
-from typing import Sequence
-
 import attrs
 
 from rlt.platform.errors import InvalidRequestError
@@ -92,6 +90,3 @@ class SamplingParams:
     def with_(self, **changes) -> "SamplingParams":
         return attrs.evolve(self, **changes)
 
-
-def ensure_list(value: Sequence | None) -> list:
-    return list(value or [])

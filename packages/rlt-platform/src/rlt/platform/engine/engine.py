@@ -158,7 +158,7 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"this model's maximum context length is {self.max_model_len} tokens, but the prompt has {n} "
                 f"tokens and max_tokens is {max_tokens}; lower max_tokens to at most {self.max_model_len - n}")
-        if self.scheduler.first_chunk_len(_Probe(n)) > self.max_num_batched_tokens:
+        if self.scheduler.first_chunk_len(n) > self.max_num_batched_tokens:
             raise InvalidRequestError(
                 f"prompt has {n} tokens, more than max_num_batched_tokens ({self.max_num_batched_tokens}) "
                 "that full prefill can run in one step")
@@ -285,9 +285,8 @@ class LLMEngine:
             return
         if req.finish_reason is None:
             req.finish_reason = reason
-        if reason == "stop" and req.stop_reason is None or reason != "stop":
-            if req.detok is not None and not isinstance(req.stop_reason, str):
-                req.text = req.detok.text
+        if req.detok is not None and not isinstance(req.stop_reason, str):
+            req.text = req.detok.text  # a stop string has already cut the text; keep that cut
         slot = req.slot
         running = req.status is RequestStatus.RUNNING
         if running and self.platform.sync_before_reuse:
@@ -317,13 +316,6 @@ class LLMEngine:
             metrics=RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, req.finished_time),
             error=req.error,
         )
-
-
-class _Probe:
-    """Minimal stand-in to ask the scheduler how long a prompt's first chunk is."""
-
-    def __init__(self, n: int) -> None:
-        self.num_prompt = n
 
 
 def rows_in_order(rows: list[Request], slots) -> list[Request]:

@@ -54,8 +54,9 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
-    def first_chunk_len(self, req: Request) -> int:
-        return 1 if self.pool.layout is KVLayout.SHARED else req.num_prompt
+    def first_chunk_len(self, num_prompt: int) -> int:
+        """Full prefill runs the prompt as one chunk; SHARED runs it position by position."""
+        return 1 if self.pool.layout is KVLayout.SHARED else num_prompt
 
     # -- steps ---------------------------------------------------------------------------------
     def _admit(self, seed_for) -> None:
@@ -63,7 +64,7 @@ class Scheduler:
         self.blocked_reason = None
         while self.waiting:
             req = self.waiting[0][2]
-            need = self.first_chunk_len(req)
+            need = self.first_chunk_len(req.num_prompt)
             if not self._free_slots:
                 self.blocked_reason = f"all {self.max_num_seqs} sequence slots are busy"
                 return
@@ -110,6 +111,6 @@ class Scheduler:
             req.depth = 0
         else:  # a prompt piece that does not end the prompt (SHARED): next position
             req.chunk_start += req.chunk_len
-            req.chunk_len = min(self.first_chunk_len(req), req.num_prompt - req.chunk_start)
+            req.chunk_len = min(self.first_chunk_len(req.num_prompt), req.num_prompt - req.chunk_start)
             req.depth = 0
         self.table.set_chunk(req.slot, req)
