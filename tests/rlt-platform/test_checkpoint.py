@@ -140,3 +140,42 @@ def test_checkpoint_threshold_is_not_a_serving_default(tmp_path):
     path = write_tiny_checkpoint(tmp_path / "thr", seed=9, early_exit_threshold=0.3)
     eng = LLMEngine(EngineConfig(model=str(path), dtype="float32"))
     assert eng.default_threshold == 1.0
+
+
+_DROP = object()  # _rewrite_config(path, key=_DROP) deletes the key
+
+
+def _rewrite_config(path, **changes):
+    cfg = path / "config.json"
+    raw = json.loads(cfg.read_text())
+    raw.update(changes)
+    for key in [k for k, v in changes.items() if v is _DROP]:
+        del raw[key]
+    cfg.write_text(json.dumps(raw))
+
+
+def test_transformers5_rope_parameters(tmp_path):
+    """transformers 5 writes RoPE as ``rope_parameters``; the result must equal the old spelling."""
+    old = write_tiny_checkpoint(tmp_path / "old", seed=10)
+    new = write_tiny_checkpoint(tmp_path / "new", seed=10)
+    theta = json.loads((old / "config.json").read_text())["rope_theta"]
+    _rewrite_config(new, rope_theta=_DROP, rope_scaling=_DROP,
+                    rope_parameters={"rope_type": "default", "rope_theta": theta})
+    assert load_checkpoint(new, dtype=torch.float32).config.rope_theta == theta
+    assert _greedy(old, dtype="float32") == _greedy(new, dtype="float32")
+    _rewrite_config(new, rope_parameters={"rope_type": "default", "rope_theta": 10.0})
+    assert load_checkpoint(new, dtype=torch.float32).config.rope_theta == 10.0
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "RoPE type 'yarn' is not supported"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}, "RoPE type 'linear'"),
+    ({"rope_scaling": "fast"}, "rope_scaling must be an object or null"),
+    ({"use_sliding_window": True}, "sliding-window attention"),
+    ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding-window attention"),
+])
+def test_unsupported_config_variants_are_refused(tmp_path, changes, message):
+    path = write_tiny_checkpoint(tmp_path / "v", seed=11)
+    _rewrite_config(path, **changes)
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(path, dtype=torch.float32)

@@ -55,9 +55,21 @@ class OuroConfig:
         heads = int(need("num_attention_heads"))
         hidden = int(need("hidden_size"))
         head_dim = raw.get("head_dim") or hidden // heads
-        rope_scaling = raw.get("rope_scaling")
-        if rope_scaling not in (None, {}) and (rope_scaling or {}).get("rope_type", "default") != "default":
-            raise CheckpointError(f"rope_scaling {rope_scaling!r} is not supported for Ouro")
+        # RoPE: transformers < 5 writes ``rope_theta`` (+ ``rope_scaling``), transformers 5 writes
+        # ``rope_parameters = {"rope_type", "rope_theta"}``; only the default (unscaled) type exists
+        # for Ouro.
+        rope_params = raw.get("rope_parameters") or {}
+        for name, scaling in (("rope_scaling", raw.get("rope_scaling") or {}), ("rope_parameters", rope_params)):
+            if not isinstance(scaling, dict):
+                raise CheckpointError(f"{name} must be an object or null, got {scaling!r}")
+            kind = scaling.get("rope_type", scaling.get("type", "default"))
+            if kind != "default":
+                raise CheckpointError(f"RoPE type {kind!r} is not supported for Ouro (only the default, unscaled RoPE)")
+        rope_theta = next((t for t in (raw.get("rope_theta"), rope_params.get("rope_theta")) if t is not None), 1e6)
+        sliding = raw.get("use_sliding_window") or "sliding_attention" in (raw.get("layer_types") or ())
+        if sliding:
+            raise CheckpointError("sliding-window attention layers are not supported for Ouro "
+                                  "(use_sliding_window / layer_types); every Ouro release uses full attention")
         cfg = cls(
             vocab_size=int(need("vocab_size")),
             hidden_size=hidden,
@@ -67,7 +79,7 @@ class OuroConfig:
             num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(head_dim),
             max_position_embeddings=int(raw.get("max_position_embeddings", 65536)),
-            rope_theta=float(raw.get("rope_theta", 1e6)),
+            rope_theta=float(rope_theta),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             total_ut_steps=int(raw.get("total_ut_steps", 4)),
             early_exit_threshold=float(raw.get("early_exit_threshold", 1.0)),
