@@ -172,3 +172,25 @@ def test_specs_load_without_gpu_packages():
         entry.spec()
     after = {m for m in sys.modules if m.split(".")[0] in ("triton", "flash_attn", "flash_attn_interface")}
     assert after == before
+
+
+def test_engine_fixed_depth_lets_flashattention_serve_last_exited(importable, tiny_checkpoint, monkeypatch):
+    """The engine declares ``adaptive_exit=False`` to the selector exactly when it serves fixed depth."""
+    import rlt.platform.engine.engine as engine_mod
+    from rlt.platform import EngineConfig, LLMEngine
+
+    seen = []
+
+    def spy(platform, requested, **kw):
+        seen.append(kw)
+        return select_attention(CPU, requested, **kw)
+
+    monkeypatch.setattr(engine_mod, "select_attention", spy)
+    path = str(tiny_checkpoint(seed=3))
+    for fixed in (False, True):
+        LLMEngine(EngineConfig(model=path, dtype="float32", fixed_depth=fixed, num_kv_blocks=64))
+    assert [kw["adaptive_exit"] for kw in seen] == [True, False]
+    assert all(kw["kv_layout"] is KVLayout.LAST_EXITED for kw in seen)
+    importable(*EVERYTHING)
+    assert pick(SM90, **{k: seen[1][k] for k in ("kv_layout", "adaptive_exit")}).name == "fa4"
+    assert pick(SM90, **{k: seen[0][k] for k in ("kv_layout", "adaptive_exit")}).name == "triton"

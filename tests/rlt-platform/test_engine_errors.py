@@ -123,6 +123,7 @@ def test_engine_fault_aborts_step_requests_and_engine_stays_up(engine, monkeypat
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"block_size": 0}, "block_size"), ({"max_num_seqs": -1}, "max_num_seqs"), ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"fixed_depth": True, "exit_threshold": 0.5}, "fixed_depth"),
 ])
 def test_engine_config_validation(kwargs, message):
     with pytest.raises(ConfigError, match=message):
@@ -142,3 +143,16 @@ def test_priority_orders_admission(tiny_checkpoint):
     while engine.has_unfinished_requests():
         order += [o.request_id for o in engine.step() if o.finished]
     assert order == ["high", "low"]
+
+
+def test_fixed_depth_engine_rejects_adaptive_requests(tiny_checkpoint):
+    eng = LLMEngine(EngineConfig(model=str(tiny_checkpoint(seed=21)), dtype="float32", block_size=4,
+                                 max_model_len=64, fixed_depth=True))
+    eng.add_request("good", [5, 6, 7], GREEDY)
+    eng.step()
+    with pytest.raises(InvalidRequestError, match="fixed depth"):
+        eng.add_request("bad", [5, 6], GREEDY.with_(exit_threshold=0.5))
+    eng.add_request("full-depth", [5, 6], GREEDY.with_(exit_threshold=1.0))
+    done = _drain(eng)
+    assert set(done) == {"good", "full-depth"}
+    assert all(d == 4 for o in done.values() for d in o.exit_depths)

@@ -38,6 +38,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=positive_int, default=None)
     g.add_argument("--max-num-batched-tokens", type=positive_int, default=None)
     g.add_argument("--num-loops", type=positive_int, default=None, help="depth planes / most loops per token (default: the model's)")
+    g.add_argument("--fixed-depth", action="store_true",
+                   help="no request may exit early (exit_threshold < 1 is rejected); lets FlashAttention serve "
+                        "the last_exited layout")
     g.add_argument("--engine-seed", type=int, default=0, help="seeds the sampling of requests that give no seed")
 
 
@@ -48,6 +51,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory_gib=args.kv_cache_memory_gib,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens, num_loops=args.num_loops, seed=args.engine_seed,
+        fixed_depth=args.fixed_depth,
     )
 
 

@@ -38,6 +38,10 @@ class EngineConfig:
     num_loops: int | None = attrs.field(default=None, validator=_positive("num_loops"))
     #: default τ for requests that do not set one; None = 1.0 (fixed full depth).
     exit_threshold: float | None = None
+    #: promise that no request exits before its max_loops (requests with τ < 1 are rejected). Every
+    #: context token then reached every plane a query reads, which lets FlashAttention (one page
+    #: table per row, no per-token exit indirection) serve the LAST_EXITED layout exactly.
+    fixed_depth: bool = False
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -45,5 +49,8 @@ class EngineConfig:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.exit_threshold is not None and not 0.0 <= self.exit_threshold <= 1.0:
             raise ConfigError(f"exit_threshold must be in [0, 1], got {self.exit_threshold}")
+        if self.fixed_depth and self.exit_threshold is not None and self.exit_threshold < 1.0:
+            raise ConfigError(f"fixed_depth serving cannot have a default exit_threshold below 1 "
+                              f"(got {self.exit_threshold})")
         if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             raise ConfigError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")

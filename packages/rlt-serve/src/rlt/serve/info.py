@@ -48,7 +48,7 @@ def engine_info(engine: LLMEngine, *, statuses: Iterable, served_names: list[str
             "kv_layout": cfg.kv_layout.value, "block_size": cfg.block_size,
             "num_kv_blocks": engine.pool.allocator.num_blocks, "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": engine.max_num_batched_tokens,
-            "default_exit_threshold": float(engine.default_threshold),
+            "default_exit_threshold": float(engine.default_threshold), "fixed_depth": cfg.fixed_depth,
         },
         "server": dict(server),
         "versions": {d: _version(d) for d in ("rlt-platform", "rlt-attention", "rlt-serve", "rlt-server")},

@@ -90,7 +90,7 @@ class LLMEngine:
         self.max_num_batched_tokens = config.max_num_batched_tokens or self.max_model_len
         self.selection: AttentionSelection = select_attention(
             self.platform, config.attention_backend, dtype=self.dtype, head_dim=shape.head_dim,
-            block_size=config.block_size, kv_layout=config.kv_layout)
+            block_size=config.block_size, kv_layout=config.kv_layout, adaptive_exit=not config.fixed_depth)
         self.attention = build_attention(self.platform, self.selection)
         planes = 1 if config.kv_layout is KVLayout.SHARED else self.num_loops
         bpb = KVCache.bytes_per_block(num_layers=shape.num_layers, block_size=config.block_size,
@@ -171,6 +171,10 @@ class LLMEngine:
         if bad_stop:
             raise InvalidRequestError(f"stop_token_ids: {bad_stop[0]} is outside the vocabulary [0, {vocab})")
         threshold = params.exit_threshold if params.exit_threshold is not None else self.default_threshold
+        if threshold < 1.0 and self.config.fixed_depth:
+            raise InvalidRequestError(
+                f"exit_threshold {threshold} asks for adaptive exit, but this engine serves fixed depth "
+                "(--fixed-depth); omit exit_threshold or set it to 1.0")
         req = Request(
             request_id=request_id, prompt_token_ids=ids, params=params, max_tokens=max_tokens,
             max_loops=max_loops, min_loops=params.min_loops, exit_threshold=float(threshold),
