@@ -13,7 +13,9 @@ token (+ query and output); prefill FLOPs = 4 * heads * head_dim * N(N+1)/2 (cau
 over the visible half). Each number is the median of three ``triton.testing.do_bench`` medians
 after one discarded warm-up call (JIT). Decode is also timed as a CUDA-graph replay (how a serving
 step runs it). ``sdpa_dense`` rows time torch SDPA on the same data laid out densely (no paging,
-no depth indirection): a reference point, not a floor.
+no depth indirection): a reference point, not a floor. ``fa4``/``fa3``/``fa2`` rows run the same
+problems through each FlashAttention adapter whose package imports (rows at depth 3 over full-depth
+history is exactly when one page table per row is exact).
 
 Each main case also reports its rel. error against the torch reference on the same inputs.
 ``--sweep`` adds tile / variant / split / pre-resolve variants and prefill diagnostics (SHARED
@@ -140,6 +142,26 @@ def bench_prefill(name, n, ceil, backend, **meta):
     return row
 
 
+def flash_rows(ceil) -> list[dict]:
+    """The same three cases through each FlashAttention adapter whose package imports here (eager
+    only: FA4 declares no graph safety). FA2 pages must be a multiple of 256."""
+    from rlt.attention import BACKENDS, create_backend
+
+    out = []
+    for name in ("fa4", "fa3", "fa2"):
+        if BACKENDS[name].missing_modules():
+            continue
+        backend, bs = create_backend(name), (256 if name == "fa2" else BLOCK)
+        try:
+            out += bench_decode(f"{name} decode 64x4096", 64, 4096, ceil, backend, graph=False, block_size=bs)
+            out += bench_decode(f"{name} decode 1x32768", 1, 32768, ceil, backend, graph=False, block_size=bs)
+            out.append(bench_prefill(f"{name} prefill 8192", 8192, ceil, backend, block_size=bs))
+        except Exception as exc:  # noqa: BLE001 - an adapter failing is a result to report, not fatal here
+            out.append({"name": f"{name} (failed)", "error": repr(exc)[:400]})
+        torch.cuda.empty_cache()
+    return out
+
+
 def sdpa_rows(ceil) -> list[dict]:
     import torch.nn.functional as F
 
@@ -245,6 +267,7 @@ def main(argv=None) -> int:
     rows += bench_decode("decode 64x4096", 64, 4096, ceil, backend)
     rows += bench_decode("decode 1x32768", 1, 32768, ceil, backend)
     rows.append(bench_prefill("prefill 8192", 8192, ceil, backend))
+    rows += flash_rows(ceil)
     rows += sdpa_rows(ceil)
     swept = sweep(ceil) if args.sweep else []
     report = {
@@ -263,7 +286,7 @@ def main(argv=None) -> int:
     print(f"ceilings: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
           f"{ceil['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s")
     print(f"{'case':26} {'mode':6} {'median ms':>10} {'floor ms':>9} {'of floor':>9}  target / rel err / config")
-    for r in rows + [s for s in swept if "median_ms" in s]:
+    for r in [r for r in rows + swept if "median_ms" in r]:
         tgt = f"{r['target']:.0%} {'ok' if r['meets_target'] else 'MISS'}" if "target" in r else ""
         if "rel_err_vs_reference" in r:
             tgt += f" err {r['rel_err_vs_reference']:.1e}"
@@ -271,9 +294,9 @@ def main(argv=None) -> int:
             if r.get("config") else ""
         print(f"{r['name'][:26]:26} {r.get('mode', ''):6} {r['median_ms']:10.4f} {r['floor_ms']:9.4f} "
               f"{r['fraction_of_floor']:9.1%}  {tgt} {cfg}")
-    for s in swept:
+    for s in rows + swept:
         if "error" in s:
-            print("sweep error:", s["name"], s["config"], s["error"])
+            print("error:", s["name"], s.get("config", ""), s["error"])
     print(f"wrote {args.out} ({time.time() - t0:.0f} s)")
     return 0
 

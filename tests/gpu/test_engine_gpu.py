@@ -12,16 +12,9 @@ from rlt.platform import EngineConfig, LLMEngine, SamplingParams
 from rlt.platform.checkpoint import load_checkpoint
 from rlt.platform.models.ouro_reference import reference_generate
 
+from gpu_helpers import run_prompts as _run
+
 pytestmark = pytest.mark.gpu
-
-
-def _run(engine, prompts, sp):
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, sp)
-    done = {}
-    while engine.has_unfinished_requests():
-        done.update({o.request_id: o for o in engine.step() if o.finished})
-    return [done[str(i)] for i in range(len(prompts))]
 
 
 @pytest.mark.parametrize("layout", ["last_exited", "shared"])

@@ -35,6 +35,8 @@ from rlt.attention.backends.torch_ref import TorchReferenceBackend  # noqa: E402
 from rlt.attention.backends.triton_backend import PrefillTiles, TritonBackend  # noqa: E402
 from rlt.attention.synthetic import random_problem  # noqa: E402
 
+from gpu_helpers import first_token_gap, random_prompts as _prompts, run_prompts as _run  # noqa: E402
+
 CUDA = torch.device("cuda")
 REF = TorchReferenceBackend()
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 1.2e-2}
@@ -163,22 +165,6 @@ def test_selection_on_this_gpu_prefers_triton_for_last_exited():
 
 
 # -- engine ----------------------------------------------------------------------------------------
-def _prompts(n, vocab, seed, lo=3, hi=40):
-    rng = random.Random(seed)
-    return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-def _run(engine, prompts, params):
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, params)
-    outs = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            if o.finished:
-                outs[o.request_id] = o
-    return [outs[f"r{i}"] for i in range(len(prompts))]
-
-
 @pytest.mark.parametrize("backend, layout, kw", [
     ("triton", "last_exited", dict(seed=71)),
     ("triton", "shared", dict(seed=72)),
@@ -237,19 +223,8 @@ def test_engine_bf16_ouro_1p4b_shapes(tmp_path):
         results[backend] = _run(engine, prompts, sp)
         del engine
         torch.cuda.empty_cache()
-    worst, agree, total = 0.0, 0, 0
-    for a, b in zip(results["triton"], results["torch"]):
-        assert len(a.token_ids) == 12
-        first_a = {t: lp for t, lp in a.logprobs[0].top}
-        first_b = {t: lp for t, lp in b.logprobs[0].top}
-        shared = set(first_a) & set(first_b)
-        assert shared, "the first token's top-5 share no token"
-        worst = max(worst, max(abs(first_a[t] - first_b[t]) for t in shared))
-        for x, y in zip(a.token_ids, b.token_ids):
-            total += 1
-            agree += x == y
-            if x != y:
-                break
+    assert all(len(o.token_ids) == 12 for o in results["triton"])
+    worst, agree, total = first_token_gap(results["triton"], results["torch"])
     print(f"bf16 1.4B-shapes: first-token top-5 logprob max |diff| = {worst:.4f} nat; "
           f"greedy prefix agreement {agree}/{total} tokens")
     assert worst < 0.15

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from rlt.platform import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
 from rlt.platform.errors import ConfigError

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from rlt.platform.engine.llm import LLM
 from rlt.platform.sampling_params import SamplingParams

@@ -16,7 +16,6 @@ import time
 from typing import Sequence
 
 import attrs
-import torch
 
 from rlt.attention import KVCache, KVLayout
 from rlt.platform.attention_select import AttentionSelection, build_attention, select_attention

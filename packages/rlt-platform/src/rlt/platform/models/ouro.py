@@ -198,7 +198,6 @@ class OuroModel(LoopedModel):
         cfg = self.cfg
         cos, sin = rope
         eps = cfg.rms_norm_eps
-        n = hidden.shape[0]
         h = hidden
         a = rms_norm(h, self.layers[0].ln_in, eps)
         last = len(self.layers) - 1

@@ -1,0 +1,40 @@
+"""Helpers shared by the GPU engine tests (plain functions, not fixtures)."""
+
+from __future__ import annotations
+
+import random
+
+
+def random_prompts(n: int, vocab: int, seed: int, lo: int = 3, hi: int = 40) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def run_prompts(engine, prompts, params) -> list:
+    """Submit every prompt, step until idle; the finished outputs in prompt order."""
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, params)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    return [done[f"r{i}"] for i in range(len(prompts))]
+
+
+def first_token_gap(outs_a, outs_b) -> tuple[float, int, int]:
+    """Compare two runs of the same prompts (``logprobs=k`` requested).
+
+    Returns (max |logprob difference| over the first generated token's shared top-k tokens,
+    greedy tokens agreeing before the first divergence, tokens compared).
+    """
+    worst, agree, total = 0.0, 0, 0
+    for a, b in zip(outs_a, outs_b):
+        first_a, first_b = dict(a.logprobs[0].top), dict(b.logprobs[0].top)
+        shared = set(first_a) & set(first_b)
+        assert shared, "the first token's top-k share no token"
+        worst = max(worst, max(abs(first_a[t] - first_b[t]) for t in shared))
+        for x, y in zip(a.token_ids, b.token_ids):
+            total += 1
+            agree += x == y
+            if x != y:
+                break
+    return worst, agree, total
