@@ -41,6 +41,7 @@ from benchmarks.profile_step import profile_decode, summary_markdown
 from benchmarks.report import environment, markdown
 from benchmarks.roofline import ModelCost, measure_ceilings, workload_floor
 from benchmarks.workload import CheckpointCache, EngineOptions, Workload, run_workload
+from rlt.attention import KVLayout
 from rlt.platform.attention_select import build_attention, select_attention
 from rlt.platform.checkpoint.loader import read_config, resolve_dtype
 from rlt.platform.platforms import detect_platform
@@ -81,6 +82,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="backend to use when the requested one cannot be built or fails in a workload ('' = none)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ap.add_argument("--fixed-depth", action="store_true",
+                    help="serve fixed depth (EngineConfig.fixed_depth): lets auto pick FlashAttention for LAST_EXITED; "
+                         "adaptive (tau<1) workloads are refused")
     ap.add_argument("--workload", action="append", default=[], help="c=,in=,out=[,req=,tau=,budget=,name=]")
     ap.add_argument("--baseline", action="append", default=[], help="reference:SPEC or dense:SPEC")
     ap.add_argument("--profile", action="append", default=[], help="c=,in= : profile decode steps at C rows")
@@ -124,7 +128,8 @@ def choose_backend(args, platform, dtype, head_dim) -> tuple[str, str | None]:
     """The backend name to pass to the engine, and a note if it had to fall back."""
     try:
         sel = select_attention(platform, args.attention_backend, dtype=dtype, head_dim=head_dim,
-                               block_size=args.block_size)
+                               block_size=args.block_size, kv_layout=KVLayout.LAST_EXITED,
+                               adaptive_exit=not args.fixed_depth)
         build_attention(platform, sel)
         if args.attention_backend == sel.name:
             return sel.name, None
@@ -160,7 +165,8 @@ def main(argv=None) -> dict:
     backend, backend_note = choose_backend(args, platform, dtype, model_cfg.head_dim)
     log(f"attention backend: {backend}" + (f" ({backend_note})" if backend_note else ""))
     opts = EngineOptions(device=args.device, dtype=args.dtype, attention_backend=backend,
-                         block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens)
+                         block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+                         fixed_depth=args.fixed_depth)
     results = {
         "schema": "rlt-offline-bench/1",
         "command": " ".join(shlex.quote(a) for a in ([Path(sys.argv[0]).name] if argv is None else ["offline_bench"])
@@ -168,7 +174,7 @@ def main(argv=None) -> dict:
         "environment": env, "model": model_info, "ceilings": ceilings.to_dict(),
         "options": {"attention_backend": args.attention_backend, "backend_used": backend,
                     "block_size": args.block_size, "max_num_batched_tokens": args.max_num_batched_tokens,
-                    "reps": args.reps, "warmup_output_len": args.warmup_output_len,
+                    "fixed_depth": args.fixed_depth, "reps": args.reps, "warmup_output_len": args.warmup_output_len,
                     "sync_steps": not args.no_sync_steps},
         "backend_note": backend_note,
         "workloads": [], "baselines": [], "profiles": [],

@@ -111,6 +111,7 @@ class EngineOptions:
     block_size: int = 16
     max_num_batched_tokens: int = 16384
     kv_layout: str = "last_exited"
+    fixed_depth: bool = False
 
     def engine_config(self, model_dir: str, wl: Workload, *, backend: str, num_loops: int) -> EngineConfig:
         max_len = wl.prompt_len + wl.output_len
@@ -121,7 +122,7 @@ class EngineOptions:
             kv_layout=self.kv_layout, block_size=self.block_size,
             num_kv_blocks=wl.concurrency * pages * planes, max_num_seqs=wl.concurrency,
             max_model_len=max_len, max_num_batched_tokens=max(self.max_num_batched_tokens, wl.prompt_len),
-            exit_threshold=wl.exit_threshold,
+            exit_threshold=wl.exit_threshold, fixed_depth=self.fixed_depth,
         )
 
 

@@ -10,7 +10,8 @@
 #      prefill, C=64 with adaptive depth (tau=0.7 on the random gate), the eager baselines, and
 #      torch-profiler views of C=1 and C=64 decode steps.
 # Writes results.json, results.md, profile.json, profile_summary.md, log.txt, probe.txt and
-# nvidia-smi.txt into $OUT.
+# nvidia-smi.txt into $OUT. FIXED_DEPTH=1 runs only the headline workloads with --fixed-depth (auto may
+# then choose FlashAttention, e.g. FA4 when its wheels are installed; Triton is the fallback).
 #
 # Sizing (what was cut to fit a ~5-minute device slot; each cut is recorded in results.json):
 #   * requests = C (one closed-loop round) instead of 2*C for every workload;
@@ -41,6 +42,22 @@ if [ -z "$BACKEND" ]; then
   tail -3 "$OUT/probe.txt"
 fi
 echo "attention backend for the run: $BACKEND (probe took $(( $(date +%s) - T0 )) s)"
+
+if [ "${FIXED_DEPTH:-0}" = 1 ]; then
+  # Fixed-depth serving (EngineConfig.fixed_depth): auto may choose FlashAttention for LAST_EXITED.
+  # The headline workloads only; the baselines and profiles do not depend on it.
+  $PY -m benchmarks.offline_bench \
+    --model ouro-1.4b --dtype bfloat16 --attention-backend "$BACKEND" --fallback-backend triton --fixed-depth \
+    --work-dir /tmp/rlt-bench --out-dir "$OUT" --reps 3 --warmup-output-len 4 \
+    --workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k \
+    --workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k \
+    --workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k \
+    --workload c=1,in=8192,out=1,req=1,budget=15,name=prefill-8k \
+    2>&1 | tee "$OUT/log.txt"
+  rc=${PIPESTATUS[0]}
+  echo "bench_h200.sh (fixed depth): exit $rc after $(( $(date +%s) - T0 )) s; results in $OUT"
+  exit "$rc"
+fi
 
 $PY -m benchmarks.offline_bench \
   --model ouro-1.4b --dtype bfloat16 --attention-backend "$BACKEND" --fallback-backend torch \
