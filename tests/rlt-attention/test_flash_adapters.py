@@ -175,3 +175,34 @@ def test_specs_are_honest():
     assert FA2Backend.spec.block_size_multiple == 256
     assert FA4Backend.spec.graph_safe is False  # not verified under capture
     assert 128 in FA4Backend.spec.head_dims and 256 not in FA4Backend.spec.head_dims
+
+
+def _package_tree(root, files: dict[str, str]):
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+@pytest.mark.parametrize("installed,available", [
+    # flash-attn-4 alone: a namespace package flash_attn with flash_attn/cute (seen on the H200: FA2 was
+    # wrongly reported importable, and its adapter failed on the missing flash_attn_varlen_func)
+    ({"flash_attn/cute/__init__.py": "", "cutlass/__init__.py": ""}, {"fa4"}),
+    # flash-attn 2 alone: its __init__ must not even run to decide (it imports CUDA kernels)
+    ({"flash_attn/__init__.py": "raise RuntimeError('executed')", "flash_attn_2_cuda.py": ""}, {"fa2"}),
+    # both, FA4 inside FA2's package directory
+    ({"flash_attn/__init__.py": "raise RuntimeError('executed')", "flash_attn_2_cuda.py": "",
+      "flash_attn/cute/__init__.py": "", "cutlass/__init__.py": ""}, {"fa4", "fa2"}),
+])
+def test_flash_availability_tells_the_packages_apart(tmp_path, monkeypatch, installed, available):
+    import importlib
+
+    from rlt.attention import BACKENDS
+
+    for name in [m for m in sys.modules if m.split(".")[0] in ("flash_attn", "flash_attn_2_cuda", "cutlass")]:
+        monkeypatch.delitem(sys.modules, name)
+    _package_tree(tmp_path, installed)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    assert {n for n in ("fa4", "fa3", "fa2") if BACKENDS[n].is_available()} == available
+    assert "flash_attn" not in sys.modules  # decided without executing package code

@@ -9,7 +9,9 @@ knowledge lives in ``rlt.platform``.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
+import sys
 from typing import Any, Callable
 
 import attrs
@@ -18,10 +20,22 @@ from rlt.attention.backend import AttentionBackend, BackendSpec
 
 
 def _module_importable(name: str) -> bool:
+    """Can ``name`` (possibly dotted) be imported? Decided without executing any package code: a
+    submodule is looked up in its parent's search path, so asking about ``flash_attn.cute`` does
+    not run FA2's heavy ``flash_attn/__init__``."""
+    if name in sys.modules:
+        return True
+    top, *rest = name.split(".")
     try:
-        return importlib.util.find_spec(name) is not None
+        spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
         return False
+    for depth in range(len(rest)):
+        if spec is None or spec.submodule_search_locations is None:
+            return False
+        spec = importlib.machinery.PathFinder.find_spec(".".join([top, *rest[:depth + 1]]),
+                                                         list(spec.submodule_search_locations))
+    return spec is not None
 
 
 @attrs.frozen
@@ -29,7 +43,9 @@ class BackendEntry:
     name: str
     #: "module:Class" of the implementation, imported on first use.
     target: str
-    #: Top-level modules that must be importable for this backend to be available.
+    #: Modules that must be importable for this backend to be available. They must tell the
+    #: packages apart: FA4 (``flash-attn-4``) also installs a ``flash_attn`` package, so FA2 is
+    #: recognised by its compiled extension ``flash_attn_2_cuda`` and FA4 by ``flash_attn.cute``.
     requires_modules: tuple[str, ...] = ()
     #: Vendor restriction, e.g. "nvidia" for FlashAttention.
     vendor: str | None = None
@@ -55,12 +71,13 @@ BACKENDS: dict[str, BackendEntry] = {
         BackendEntry("ascend_eager", "rlt.attention.backends.ascend_eager:AscendEagerBackend"),
         BackendEntry("triton", "rlt.attention.backends.triton_backend:TritonBackend", ("triton",)),
         BackendEntry(
-            "fa4", "rlt.attention.backends.flash:FA4Backend", ("flash_attn", "cutlass"), vendor="nvidia"
+            "fa4", "rlt.attention.backends.flash:FA4Backend", ("flash_attn.cute", "cutlass"), vendor="nvidia"
         ),
         BackendEntry(
             "fa3", "rlt.attention.backends.flash:FA3Backend", ("flash_attn_interface",), vendor="nvidia"
         ),
-        BackendEntry("fa2", "rlt.attention.backends.flash:FA2Backend", ("flash_attn",), vendor="nvidia"),
+        BackendEntry("fa2", "rlt.attention.backends.flash:FA2Backend", ("flash_attn", "flash_attn_2_cuda"),
+                     vendor="nvidia"),
     )
 }
 
