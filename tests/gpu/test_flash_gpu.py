@@ -9,9 +9,10 @@ H200 run carries the FA4 wheels, see scripts/gpu_suite.sh). What is checked:
   packed prefill and mixed prefill + decode batches with history, across page boundaries; ‖out − ref‖ / ‖ref‖ against the fp32 Torch reference below
   the bf16 tolerance of the Triton suite (1.2e-2: P and output rounded to bf16, ~4e-3 expected);
 * ``strict=True`` refuses a batch whose history exited shallower than the query row;
-* the engine with ``fixed_depth=True`` auto-selects the adapter for LAST_EXITED and, in bf16,
-  gives the first generated token's top-5 logprobs within 0.15 nat of the Triton backend on the
-  same random weights (only attention numerics differ); later-token agreement is reported.
+* the engine with ``fixed_depth=True``, the adapter alone and paired with Triton (the adapter for
+  steps with prompt chunks + Triton for decode-only steps: what auto picks), in bf16: the first generated token's
+  top-5 logprobs within 0.15 nat of the Triton backend on the same random weights (only attention
+  numerics differ); later-token agreement is reported.
 """
 
 from __future__ import annotations
@@ -92,17 +93,29 @@ def test_engine_fixed_depth_bf16_flash_vs_triton(tmp_path, name):
     prompts = random_prompts(6, 320, 11, lo=20, hi=700)
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=5)
     results = {}
-    for backend in ("auto", "triton"):
+    pair = f"{name}+triton"
+    for backend in (name, pair, "triton"):
         engine = LLMEngine(EngineConfig(model=str(path), device="cuda", dtype="bfloat16", attention_backend=backend,
-                                        block_size=BLOCK[name], max_model_len=2048, num_kv_blocks=2048 if name != "fa2" else 160,
+                                        block_size=BLOCK[name], max_model_len=2048,
+                                        num_kv_blocks=2048 if name != "fa2" else 160,
                                         max_num_seqs=8, max_num_batched_tokens=1024, fixed_depth=True))
-        if backend == "auto":
-            assert engine.selection.name == name, engine.selection
+        assert engine.selection.name == backend
         results[backend] = run_prompts(engine, prompts, sp)
         del engine
         torch.cuda.empty_cache()
-    worst, agree, total = first_token_gap(results["auto"], results["triton"])
-    print(f"{name} vs triton, bf16: first-token top-5 logprob max |diff| = {worst:.4f} nat; "
-          f"greedy prefix agreement {agree}/{total}")
-    assert worst < 0.15
+    for backend in (name, pair):
+        worst, agree, total = first_token_gap(results[backend], results["triton"])
+        print(f"{backend} ({name}) vs triton, bf16: first-token top-5 logprob max |diff| = {worst:.4f} nat; "
+              f"greedy prefix agreement {agree}/{total}")
+        assert worst < 0.15
 
+
+@pytest.mark.skipif(not _available("fa4"), reason="fa4 not importable here")
+def test_auto_under_fixed_depth_pairs_fa4_with_triton():
+    from rlt.platform.attention_select import select_attention
+    from rlt.platform.platforms import detect_platform
+
+    sel = select_attention(detect_platform("auto"), "auto", dtype=torch.bfloat16, head_dim=128, block_size=16,
+                           kv_layout=KVLayout.LAST_EXITED, adaptive_exit=False)
+    print("auto selection under fixed depth:", sel)
+    assert sel.name == "fa4+triton"

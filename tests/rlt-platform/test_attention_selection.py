@@ -56,19 +56,23 @@ def skipped(sel) -> dict[str, str]:
 
 # -- CUDA SM90 -----------------------------------------------------------------------------------
 def test_sm90_prefers_fa4_when_exact(importable):
+    """FA4 owns prefill steps; Triton, when usable, takes decode-only steps (the pair)."""
     importable(*EVERYTHING)
-    assert pick(SM90, kv_layout=KVLayout.SHARED).name == "fa4"
+    assert pick(SM90, kv_layout=KVLayout.SHARED).name == "fa4+triton"
     sel = pick(SM90, **FIXED_DEPTH)
-    assert sel.name == "fa4" and sel.skipped == () and "auto" in sel.reason
+    assert sel.name == "fa4+triton" and sel.skipped == () and "auto" in sel.reason
+    assert "triton for decode-only steps" in sel.reason
+    importable(*FA)  # no Triton: FA4 alone
+    assert pick(SM90, **FIXED_DEPTH).name == "fa4"
 
 
 def test_sm90_fa_order(importable):
     importable("fa3", "fa2", "triton")
     sel = pick(SM90, kv_layout=KVLayout.SHARED)
-    assert sel.name == "fa3" and "not importable" in skipped(sel)["fa4"]
+    assert sel.name == "fa3+triton" and "not importable" in skipped(sel)["fa4"]
     importable("fa2", "triton")
     sel = pick(SM90, kv_layout=KVLayout.SHARED, block_size=256)
-    assert sel.name == "fa2"
+    assert sel.name == "fa2+triton"
 
 
 def test_sm90_last_exited_with_adaptive_exit_uses_triton(importable):
@@ -111,7 +115,7 @@ def test_sm80_has_no_fa4_or_fa3(importable):
     sel = pick(SM80, kv_layout=KVLayout.SHARED)
     assert sel.name == "triton"
     assert "needs sm90" in skipped(sel)["fa4"] and "needs sm90" in skipped(sel)["fa3"]
-    assert pick(SM80, kv_layout=KVLayout.SHARED, block_size=256).name == "fa2"
+    assert pick(SM80, kv_layout=KVLayout.SHARED, block_size=256).name == "fa2+triton"
     with pytest.raises(AttentionSelectionError, match="needs sm90"):
         pick(SM80, "fa3", kv_layout=KVLayout.SHARED)
 
@@ -121,7 +125,7 @@ def test_rocm_never_uses_flash_attention(importable):
     importable(*EVERYTHING)
     sel = pick(ROCM, kv_layout=KVLayout.SHARED)
     assert sel.name == "triton" and sel.skipped == ()
-    for name in FA:
+    for name in (*FA, "fa4+triton"):
         with pytest.raises(AttentionSelectionError, match="NVIDIA GPUs only"):
             pick(ROCM, name, kv_layout=KVLayout.SHARED)
     importable()
@@ -144,6 +148,9 @@ def test_explicit_requests(importable):
     importable(*EVERYTHING)
     assert pick(SM90, "triton").name == "triton"
     assert pick(SM90, "fa4", **FIXED_DEPTH).reason == "explicitly requested"
+    assert pick(SM90, "fa4+triton", **FIXED_DEPTH).name == "fa4+triton"
+    with pytest.raises(AttentionSelectionError, match="fa4: .*per-token exit depths"):
+        pick(SM90, "fa4+triton", kv_layout=KVLayout.LAST_EXITED, adaptive_exit=True)
     with pytest.raises(AttentionSelectionError, match="per-token exit depths"):
         pick(SM90, "fa4", kv_layout=KVLayout.LAST_EXITED, adaptive_exit=True)
     with pytest.raises(AttentionSelectionError, match="block_size 16 is not a multiple of 256"):
@@ -151,8 +158,13 @@ def test_explicit_requests(importable):
     importable("triton")
     with pytest.raises(AttentionSelectionError, match="not importable"):
         pick(SM90, "fa4", kv_layout=KVLayout.SHARED)
+    importable(*FA)
+    with pytest.raises(AttentionSelectionError, match="triton: not importable"):
+        pick(SM90, "fa4+triton", kv_layout=KVLayout.SHARED)
     with pytest.raises(AttentionSelectionError, match="unknown attention backend"):
         pick(SM90, "flashinfer")
+    with pytest.raises(AttentionSelectionError, match="unknown attention backend"):
+        pick(SM90, "triton+fa4")  # only the listed pairs exist
 
 
 # -- construction ----------------------------------------------------------------------------------
@@ -192,5 +204,16 @@ def test_engine_fixed_depth_lets_flashattention_serve_last_exited(importable, ti
     assert [kw["adaptive_exit"] for kw in seen] == [True, False]
     assert all(kw["kv_layout"] is KVLayout.LAST_EXITED for kw in seen)
     importable(*EVERYTHING)
-    assert pick(SM90, **{k: seen[1][k] for k in ("kv_layout", "adaptive_exit")}).name == "fa4"
+    assert pick(SM90, **{k: seen[1][k] for k in ("kv_layout", "adaptive_exit")}).name == "fa4+triton"
     assert pick(SM90, **{k: seen[0][k] for k in ("kv_layout", "adaptive_exit")}).name == "triton"
+
+
+def test_pair_builds_a_prefill_decode_backend(importable):
+    from rlt.attention.backends.prefill_decode import PrefillDecodeBackend
+
+    backend = build_attention(SM90, AttentionSelection("fa4+triton", "test"))
+    assert isinstance(backend, PrefillDecodeBackend)
+    assert (backend.prefill.name, backend.decode.name) == ("fa4", "triton")
+    assert backend.decode.dot_precision == "tf32"  # each part gets its platform parameters
+    assert backend.spec.dtypes == backend.prefill.spec.dtypes and backend.spec.graph_safe
+    assert not backend.spec.depth_indirection

@@ -6,6 +6,13 @@ uses Torch. A candidate is skipped only when it is unavailable or unsuitable (mi
 wrong arch, dtype, head size, block size), and the skip reason is recorded. An explicit request
 never falls back: it either works or raises :class:`AttentionSelectionError` naming the cause.
 
+Prefill and decode owners (``fa4+triton``): on CUDA FlashAttention owns packed prefill (RFC §3),
+but in decode-only steps the Triton kernels win (split-KV for few long rows; FA4's Python dispatch
+costs ~0.4 ms per call on the H200). So when ``auto`` picks a FlashAttention backend and Triton is
+usable too, the selection is the pair ``<fa>+triton``: FA for steps holding prompt chunks, Triton
+for decode-only steps (``rlt.attention.backends.prefill_decode``). A pair may also be requested
+explicitly; each part must be usable.
+
 LAST_EXITED and FlashAttention: FA kernels read one page table per row, so they cannot apply the
 per-token version map (spec ``depth_indirection=False``). They are exact under SHARED, and under
 LAST_EXITED only when no request can exit early (fixed depth: every context token reached every
@@ -20,6 +27,7 @@ import attrs
 import torch
 
 from rlt.attention import BACKENDS, AttentionBackend, KVLayout, UnsuitableBackend, create_backend
+from rlt.attention.backends.prefill_decode import PrefillDecodeBackend
 from rlt.platform.platforms import Capability, Platform
 
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
@@ -30,7 +38,9 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
 }
 #: FlashAttention generations by minimum / exact SM arch.
 _FA_ARCH = {"fa4": ("sm90", "sm100", "sm103", "sm110", "sm120"), "fa3": ("sm90",), "fa2": None}
-ATTENTION_CHOICES = ("auto", *BACKENDS)
+#: Prefill backend + decode backend pairs (see the module docstring).
+PAIRS = tuple(f"{fa}+triton" for fa in ("fa4", "fa3", "fa2"))
+ATTENTION_CHOICES = ("auto", *BACKENDS, *PAIRS)
 
 
 class AttentionSelectionError(ValueError):
@@ -93,32 +103,44 @@ def select_attention(
 ) -> AttentionSelection:
     """Pick the backend. ``kv_layout`` / ``adaptive_exit`` (may any request exit before its max
     loops?) let FlashAttention serve LAST_EXITED when that is exact; omitted, FA is not used for it."""
-    exits = dict(kv_layout=kv_layout, adaptive_exit=adaptive_exit)
+
+    def why(name: str) -> str | None:
+        return _why_unusable(name, platform, dtype, head_dim, block_size, kv_layout=kv_layout,
+                             adaptive_exit=adaptive_exit)
+
     if requested != "auto":
-        if requested not in BACKENDS:
+        if requested not in ATTENTION_CHOICES:
             raise AttentionSelectionError(
                 f"unknown attention backend {requested!r}; choose one of {', '.join(ATTENTION_CHOICES)}"
             )
-        if BACKENDS[requested].vendor == "nvidia" and platform.name == "rocm":
-            raise AttentionSelectionError(
-                f"attention backend {requested!r} is FlashAttention, which rlt supports on NVIDIA GPUs only; "
-                "on ROCm use --attention-backend triton (or auto)"
-            )
-        why = _why_unusable(requested, platform, dtype, head_dim, block_size, **exits)
-        if why is not None:
-            raise AttentionSelectionError(f"attention backend {requested!r} cannot run here: {why}")
+        for part in requested.split("+"):
+            if BACKENDS[part].vendor == "nvidia" and platform.name == "rocm":
+                raise AttentionSelectionError(
+                    f"attention backend {requested!r} is FlashAttention, which rlt supports on NVIDIA GPUs only; "
+                    "on ROCm use --attention-backend triton (or auto)"
+                )
+            reason = why(part)
+            if reason is not None:
+                raise AttentionSelectionError(f"attention backend {requested!r} cannot run here: {part}: {reason}")
         return AttentionSelection(requested, "explicitly requested")
     skipped: list[tuple[str, str]] = []
-    for name in AUTO_ORDER[platform.name]:
-        why = _why_unusable(name, platform, dtype, head_dim, block_size, **exits)
-        if why is None:
-            first = "first" if not skipped else "first usable"
-            return AttentionSelection(name, f"auto: {first} of {'/'.join(AUTO_ORDER[platform.name])} on {platform.name}", tuple(skipped))
-        skipped.append((name, why))
+    order = AUTO_ORDER[platform.name]
+    for name in order:
+        reason = why(name)
+        if reason is not None:
+            skipped.append((name, reason))
+            continue
+        first = "first" if not skipped else "first usable"
+        chosen = f"auto: {first} of {'/'.join(order)} on {platform.name}"
+        if f"{name}+triton" in PAIRS and why("triton") is None:
+            return AttentionSelection(f"{name}+triton", chosen + f"; {name} for steps with prompt chunks, triton for "
+                                      "decode-only steps", tuple(skipped))
+        return AttentionSelection(name, chosen, tuple(skipped))
     raise AttentionSelectionError(
         f"no attention backend usable on {platform.name}: " + "; ".join(f"{n}: {w}" for n, w in skipped)
     )
 
 
 def build_attention(platform: Platform, selection: AttentionSelection) -> AttentionBackend:
-    return create_backend(selection.name, **backend_params(selection.name, platform))
+    parts = [create_backend(name, **backend_params(name, platform)) for name in selection.name.split("+")]
+    return parts[0] if len(parts) == 1 else PrefillDecodeBackend(*parts)
