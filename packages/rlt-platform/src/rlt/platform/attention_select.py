@@ -7,8 +7,8 @@ wrong arch, dtype, head size, block size), and the skip reason is recorded. An e
 never falls back: it either works or raises :class:`AttentionSelectionError` naming the cause.
 
 Prefill and decode owners (``fa4+triton``): on CUDA FlashAttention owns packed prefill (RFC §3),
-but in decode-only steps the Triton kernels win (split-KV for few long rows; FA4's Python dispatch
-costs ~0.4 ms per call on the H200). So when ``auto`` picks a FlashAttention backend and Triton is
+but in decode-only steps the Triton kernels win (FA4 has no split-KV on SM90: one 32K row runs 6x
+slower than Triton's split-KV kernel on the H200). So when ``auto`` picks a FlashAttention backend and Triton is
 usable too, the selection is the pair ``<fa>+triton``: FA for steps holding prompt chunks, Triton
 for decode-only steps (``rlt.attention.backends.prefill_decode``). A pair may also be requested
 explicitly; each part must be usable.

@@ -1,12 +1,12 @@
 """``PREFILL+DECODE``: one backend for steps that carry prompt chunks, another for decode-only steps.
 
 Why it exists: on CUDA the RFC makes FlashAttention the owner of packed prefill, and on the H200
-FA4's causal prefill runs at 82% of the bf16 matmul rate against the Triton kernel's 42%. But
-in a decode-only step (one query per row, one call per layer and loop) FA4 loses: SM90 has no
-split-KV in FA4 and its Python dispatch costs about 0.4 ms per call, which made the engine's
-decode steps twice as long as with Triton (benchmarks/results/h200-20261203-fa4/). So ``fa4+triton``
-runs every step that holds a multi-token row (prefill or mixed prefill + decode) through FA4 and
-every decode-only step through Triton.
+FA4's causal prefill kernel is twice as fast as the Triton paged prefill (8K tokens: 0.49 vs
+0.94 ms; the engine's 8K prompt 40.4K vs 34.1K tok/s). In decode FA4 loses: SM90 has no split-KV
+in FA4, so one long row runs at 14% of the copy bandwidth where Triton's split-KV kernel reaches
+85%, and even at 64 rows x 4K its kernel is 11% slower (benchmarks/results/h200-20261203/). So
+``fa4+triton`` runs every step that holds a multi-token row (prefill, or prefill mixed with
+decode rows) through FA4 and every decode-only step through Triton.
 
 The choice is made per call from the metadata's host-side bound ``max_query_len`` — never from
 device data — so it is safe inside a captured graph (a decode-only graph only ever sees the decode
