@@ -38,3 +38,19 @@ def first_token_gap(outs_a, outs_b) -> tuple[float, int, int]:
             if x != y:
                 break
     return worst, agree, total
+
+
+def run_backends(path, prompts, params, backends, **engine_kw) -> dict:
+    """The same prompts through one fresh CUDA engine per attention backend: {backend: outputs}."""
+    import torch
+
+    from rlt.platform import EngineConfig, LLMEngine
+
+    results = {}
+    for backend in backends:
+        engine = LLMEngine(EngineConfig(model=str(path), device="cuda", attention_backend=backend, **engine_kw))
+        assert engine.selection.name == backend
+        results[backend] = run_prompts(engine, prompts, params)
+        del engine
+        torch.cuda.empty_cache()
+    return results

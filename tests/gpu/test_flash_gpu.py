@@ -31,7 +31,7 @@ from rlt.attention import BACKENDS, KVLayout, create_backend  # noqa: E402
 from rlt.attention.backends.torch_ref import TorchReferenceBackend  # noqa: E402
 from rlt.attention.synthetic import random_problem  # noqa: E402
 
-from gpu_helpers import first_token_gap, random_prompts, run_prompts  # noqa: E402
+from gpu_helpers import first_token_gap, random_prompts, run_backends  # noqa: E402
 
 CUDA = torch.device("cuda")
 REF = TorchReferenceBackend()
@@ -84,7 +84,7 @@ def test_flash_strict_refuses_shallower_history(name):
 
 @pytest.mark.parametrize("name", FLASH)
 def test_engine_fixed_depth_bf16_flash_vs_triton(tmp_path, name):
-    from rlt.platform import EngineConfig, LLMEngine, SamplingParams
+    from rlt.platform import SamplingParams
     from rlt.platform.checkpoint.tiny import write_tiny_checkpoint
 
     path = write_tiny_checkpoint(tmp_path / "ouro-wide", seed=9, hidden_size=1024, intermediate_size=2816,
@@ -92,17 +92,10 @@ def test_engine_fixed_depth_bf16_flash_vs_triton(tmp_path, name):
                                  max_position_embeddings=4096, total_ut_steps=4, torch_dtype="bfloat16")
     prompts = random_prompts(6, 320, 11, lo=20, hi=700)
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=5)
-    results = {}
     pair = f"{name}+triton"
-    for backend in (name, pair, "triton"):
-        engine = LLMEngine(EngineConfig(model=str(path), device="cuda", dtype="bfloat16", attention_backend=backend,
-                                        block_size=BLOCK[name], max_model_len=2048,
-                                        num_kv_blocks=2048 if name != "fa2" else 160,
-                                        max_num_seqs=8, max_num_batched_tokens=1024, fixed_depth=True))
-        assert engine.selection.name == backend
-        results[backend] = run_prompts(engine, prompts, sp)
-        del engine
-        torch.cuda.empty_cache()
+    results = run_backends(path, prompts, sp, (name, pair, "triton"), dtype="bfloat16", block_size=BLOCK[name],
+                           max_model_len=2048, num_kv_blocks=2048 if name != "fa2" else 160, max_num_seqs=8,
+                           max_num_batched_tokens=1024, fixed_depth=True)
     for backend in (name, pair):
         worst, agree, total = first_token_gap(results[backend], results["triton"])
         print(f"{backend} ({name}) vs triton, bf16: first-token top-5 logprob max |diff| = {worst:.4f} nat; "

@@ -35,7 +35,7 @@ from rlt.attention.backends.torch_ref import TorchReferenceBackend  # noqa: E402
 from rlt.attention.backends.triton_backend import PrefillTiles, TritonBackend  # noqa: E402
 from rlt.attention.synthetic import random_problem  # noqa: E402
 
-from gpu_helpers import first_token_gap, random_prompts as _prompts, run_prompts as _run  # noqa: E402
+from gpu_helpers import first_token_gap, random_prompts as _prompts, run_backends, run_prompts as _run  # noqa: E402
 
 CUDA = torch.device("cuda")
 REF = TorchReferenceBackend()
@@ -207,7 +207,7 @@ def test_engine_bf16_ouro_1p4b_shapes(tmp_path):
     inputs; only attention numerics differ): max |difference| over shared tokens < 0.15 nat. Later
     tokens may legitimately diverge (random weights make near-ties), so their agreement is reported,
     not asserted."""
-    from rlt.platform import EngineConfig, LLMEngine, SamplingParams
+    from rlt.platform import SamplingParams
     from rlt.platform.checkpoint.tiny import write_tiny_checkpoint
 
     path = write_tiny_checkpoint(tmp_path / "ouro-1.4b-shapes", seed=7, hidden_size=2048, intermediate_size=5632,
@@ -215,14 +215,8 @@ def test_engine_bf16_ouro_1p4b_shapes(tmp_path):
                                  max_position_embeddings=4096, total_ut_steps=4, torch_dtype="bfloat16")
     prompts = _prompts(6, 320, 5, lo=20, hi=900)
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=5)
-    results = {}
-    for backend in ("triton", "torch"):
-        engine = LLMEngine(EngineConfig(model=str(path), device="cuda", dtype="bfloat16", attention_backend=backend,
-                                        block_size=16, max_model_len=2048, num_kv_blocks=4096, max_num_seqs=8,
-                                        max_num_batched_tokens=1024))
-        results[backend] = _run(engine, prompts, sp)
-        del engine
-        torch.cuda.empty_cache()
+    results = run_backends(path, prompts, sp, ("triton", "torch"), dtype="bfloat16", block_size=16,
+                           max_model_len=2048, num_kv_blocks=4096, max_num_seqs=8, max_num_batched_tokens=1024)
     assert all(len(o.token_ids) == 12 for o in results["triton"])
     worst, agree, total = first_token_gap(results["triton"], results["torch"])
     print(f"bf16 1.4B-shapes: first-token top-5 logprob max |diff| = {worst:.4f} nat; "
