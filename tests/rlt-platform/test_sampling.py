@@ -90,10 +90,12 @@ def test_min_tokens_suppresses_stop_tokens_then_stops(tiny_checkpoint):
     path = tiny_checkpoint(seed=12)
     eng = _engine(path)
     # find the greedy first token, then make it a stop token
-    first = _run(eng, [("g", [4, 5, 6], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))])["g"].token_ids[0]
+    one = _run(eng, [("g", [4, 5, 6], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))])["g"]
+    first = one.token_ids[0]
     sp = SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=[first], ignore_eos=True)
     out = _run(eng, [("s", [4, 5, 6], sp)])["s"]
     assert out.token_ids == (first,) and out.finish_reason == "stop" and out.stop_reason == first
+    assert out.text == one.text  # like vLLM, the text keeps a (non-special) stop token
     out = _run(eng, [("m", [4, 5, 6], sp.with_(min_tokens=3))])["m"]
     assert len(out.token_ids) >= 3 and first not in out.token_ids[:3]
 
