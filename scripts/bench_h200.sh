@@ -43,37 +43,30 @@ if [ -z "$BACKEND" ]; then
 fi
 echo "attention backend for the run: $BACKEND (probe took $(( $(date +%s) - T0 )) s)"
 
+COMMON=(--model ouro-1.4b --dtype bfloat16 --attention-backend "$BACKEND" --work-dir /tmp/rlt-bench --out-dir "$OUT"
+        --reps 3 --warmup-output-len 4
+        --workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k)
 if [ "${FIXED_DEPTH:-0}" = 1 ]; then
   # Fixed-depth serving (EngineConfig.fixed_depth): auto may choose FlashAttention for LAST_EXITED.
   # The headline workloads only; the baselines and profiles do not depend on it.
-  $PY -m benchmarks.offline_bench \
-    --model ouro-1.4b --dtype bfloat16 --attention-backend "$BACKEND" --fallback-backend triton --fixed-depth \
-    --work-dir /tmp/rlt-bench --out-dir "$OUT" --reps 3 --warmup-output-len 4 \
-    --workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k \
-    --workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k \
-    --workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k \
-    --workload c=1,in=8192,out=1,req=1,budget=15,name=prefill-8k \
-    2>&1 | tee "$OUT/log.txt"
-  rc=${PIPESTATUS[0]}
-  echo "bench_h200.sh (fixed depth): exit $rc after $(( $(date +%s) - T0 )) s; results in $OUT"
-  exit "$rc"
+  RUN=(--fixed-depth --fallback-backend triton
+       --workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k
+       --workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k
+       --workload c=1,in=8192,out=1,req=1,budget=15,name=prefill-8k)
+else
+  RUN=(--fallback-backend torch
+       --workload c=32,in=1024,out=128,req=32,budget=25,name=c32-1k
+       --workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k
+       --workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k
+       --workload c=16,in=4096,out=128,req=16,budget=30,name=c16-4k
+       --workload c=1,in=8192,out=1,req=1,budget=15,name=prefill-8k
+       --workload c=64,in=1024,out=128,req=64,tau=0.7,budget=20,name=c64-1k-adaptive
+       --baseline reference:c=1,in=1024,out=4
+       --baseline dense:c=1,in=1024,out=32
+       --baseline dense:c=64,in=1024,out=32
+       --profile c=1,in=1024 --profile c=64,in=1024)
 fi
-
-$PY -m benchmarks.offline_bench \
-  --model ouro-1.4b --dtype bfloat16 --attention-backend "$BACKEND" --fallback-backend torch \
-  --work-dir /tmp/rlt-bench --out-dir "$OUT" --reps 3 --warmup-output-len 4 \
-  --workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k \
-  --workload c=32,in=1024,out=128,req=32,budget=25,name=c32-1k \
-  --workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k \
-  --workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k \
-  --workload c=16,in=4096,out=128,req=16,budget=30,name=c16-4k \
-  --workload c=1,in=8192,out=1,req=1,budget=15,name=prefill-8k \
-  --workload c=64,in=1024,out=128,req=64,tau=0.7,budget=20,name=c64-1k-adaptive \
-  --baseline reference:c=1,in=1024,out=4 \
-  --baseline dense:c=1,in=1024,out=32 \
-  --baseline dense:c=64,in=1024,out=32 \
-  --profile c=1,in=1024 --profile c=64,in=1024 \
-  2>&1 | tee "$OUT/log.txt"
+$PY -m benchmarks.offline_bench "${COMMON[@]}" "${RUN[@]}" 2>&1 | tee "$OUT/log.txt"
 rc=${PIPESTATUS[0]}
 echo "bench_h200.sh: exit $rc after $(( $(date +%s) - T0 )) s; results in $OUT"
 exit "$rc"
