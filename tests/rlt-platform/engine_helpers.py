@@ -9,3 +9,33 @@ def drain(engine) -> dict:
             if o.finished:
                 done[o.request_id] = o
     return done
+
+
+class FaultyExecutor:
+    """An executor wrapper (installed through the public assembly) that fails while armed."""
+
+    def __init__(self, inner, message: str = "injected device fault") -> None:
+        self.inner, self.message, self.armed = inner, message, False
+
+    @property
+    def exit_latency(self) -> int:
+        return self.inner.exit_latency
+
+    def execute(self, batch):
+        if self.armed:
+            raise RuntimeError(self.message)
+        return self.inner.execute(batch)
+
+    def release(self, slot: int) -> None:
+        self.inner.release(slot)
+
+
+def engine_with_faults(config):
+    """``(engine, faults)``: the base engine whose executor is wrapped by a :class:`FaultyExecutor`."""
+    from rlt.platform.engine.assembly import EngineAssembly
+    from rlt.platform.platforms import detect_platform
+
+    assembly = EngineAssembly(detect_platform(config.device))
+    wrapped = {}
+    assembly.wrap("executor", lambda ctx, inner: wrapped.setdefault("x", FaultyExecutor(inner)), by="test")
+    return assembly.build_engine(config), wrapped["x"]

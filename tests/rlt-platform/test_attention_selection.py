@@ -186,21 +186,19 @@ def test_specs_load_without_gpu_packages():
     assert after == before
 
 
-def test_engine_fixed_depth_lets_flashattention_serve_last_exited(importable, tiny_checkpoint, monkeypatch):
+def test_engine_fixed_depth_lets_flashattention_serve_last_exited(importable, tiny_checkpoint):
     """The engine declares ``adaptive_exit=False`` to the selector exactly when it serves fixed depth."""
-    import rlt.platform.engine.engine as engine_mod
     from rlt.platform import EngineConfig, LLMEngine
+    from rlt.platform.engine.context import attention_constraints
 
-    seen = []
-
-    def spy(platform, requested, **kw):
-        seen.append(kw)
-        return select_attention(CPU, requested, **kw)
-
-    monkeypatch.setattr(engine_mod, "select_attention", spy)
     path = str(tiny_checkpoint(seed=3))
+    seen = []
     for fixed in (False, True):
-        LLMEngine(EngineConfig(model=path, dtype="float32", fixed_depth=fixed, num_kv_blocks=64))
+        config = EngineConfig(model=path, dtype="float32", fixed_depth=fixed, num_kv_blocks=64)
+        seen.append(attention_constraints(config))
+        engine = LLMEngine(config)  # the engine builds with what it declares
+        assert engine.selection == select_attention(CPU, "auto", dtype=torch.float32,
+                                                    head_dim=engine.model.shape.head_dim, **seen[-1])
     assert [kw["adaptive_exit"] for kw in seen] == [True, False]
     assert all(kw["kv_layout"] is KVLayout.LAST_EXITED for kw in seen)
     importable(*EVERYTHING)

@@ -7,14 +7,18 @@ import pytest
 from rlt.platform import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
 from rlt.platform.errors import ConfigError
 
-from engine_helpers import drain
+from engine_helpers import drain, engine_with_faults
 
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
 
 
+def _config(tiny_checkpoint) -> EngineConfig:
+    return EngineConfig(model=str(tiny_checkpoint(seed=21)), dtype="float32", block_size=4, max_model_len=64)
+
+
 @pytest.fixture
 def engine(tiny_checkpoint):
-    return LLMEngine(EngineConfig(model=str(tiny_checkpoint(seed=21)), dtype="float32", block_size=4, max_model_len=64))
+    return LLMEngine(_config(tiny_checkpoint))
 
 
 _drain = drain
@@ -90,7 +94,7 @@ def test_admission_never_overcommits_kv(tiny_checkpoint):
     engine.step()
     st = engine.stats()
     assert st.num_running == 2 and st.num_waiting == 2  # 2 x 12 <= 30 < 3 x 12
-    assert "KV blocks" in engine.scheduler.blocked_reason
+    assert "KV blocks" in st.blocked_reason
     done = _drain(engine)
     assert sorted(done) == ["r0", "r1", "r2", "r3"]
     assert all(len(o.token_ids) == 8 for o in done.values())
@@ -104,18 +108,14 @@ def test_request_larger_than_pool_is_rejected_with_reason(tiny_checkpoint):
     assert _drain(engine)["small"].finish_reason in ("length", "stop")
 
 
-def test_engine_fault_aborts_step_requests_and_engine_stays_up(engine, monkeypatch):
+def test_engine_fault_aborts_step_requests_and_engine_stays_up(tiny_checkpoint):
+    engine, faults = engine_with_faults(_config(tiny_checkpoint))
     engine.add_request("victim", [4, 5], GREEDY)
-    real = engine.executor.execute
-
-    def broken(batch):
-        raise RuntimeError("injected device fault")
-
-    monkeypatch.setattr(engine.executor, "execute", broken)
+    faults.armed = True
     outs = engine.step()
     assert [o.finish_reason for o in outs] == ["abort"] and "injected device fault" in outs[0].error
     assert engine.stats().num_faults == 1 and engine.stats().num_free_kv_blocks == engine.stats().num_kv_blocks
-    monkeypatch.setattr(engine.executor, "execute", real)
+    faults.armed = False
     engine.add_request("after", [4, 5], GREEDY)
     assert _drain(engine)["after"].finish_reason == "length"
 

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from rlt.platform.engine.staging import Staging
+from rlt.platform.engine.staging import CopyUploader
 
 
 def test_upload_round_trips_every_array():
@@ -15,7 +15,7 @@ def test_upload_round_trips_every_array():
         "b64": rng.integers(0, 2**40, 5).astype(np.int64),
         "empty": np.zeros(0, np.int64),
     }
-    out = Staging(torch.device("cpu")).upload(arrays)
+    out = CopyUploader(torch.device("cpu")).upload(arrays)
     assert set(out) == set(arrays)
     for name, a in arrays.items():
         t = out[name]

@@ -62,6 +62,11 @@ class AttentionBackend(abc.ABC):
     def __init__(self, *, scatter: RowScatter = portable_row_scatter) -> None:
         self._scatter = scatter
 
+    def prepare(self, kv: KVCache, meta: AttentionMetadata) -> AttentionMetadata:
+        """Once per step, before the first layer: build per-step backend state (returned as the
+        metadata every layer of the step then receives). The base backend needs none."""
+        return meta
+
     def write_kv(
         self, kv: KVCache, layer: int, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata
     ) -> None:

@@ -4,11 +4,13 @@ A feature package registers :class:`Feature` values in the entry-point group ``r
 (the entry point loads either a Feature or a zero-argument callable returning a list of them).
 A feature declares its name, the platform capabilities it requires, its options (an attrs class:
 the CLI flags are generated from its fields) and how it installs itself into the engine being
-built (:class:`EngineBuilder`: replace the executor factory, wrap the scheduler, contribute HTTP
-routes...).
+built: ``install(builder, options)`` with a
+:class:`rlt.platform.engine.assembly.FeatureInstaller` (wrap or replace components, observe
+steps, contribute HTTP routes). ``docs/features.md`` shows a complete feature package.
 
 ``rlt.platform`` never imports a feature package: it discovers what is installed, drops what the
-platform cannot run (recording why), and installs the rest in a stable order.
+platform cannot run (recording why), and installs the rest in a stable order (by name).
+:mod:`rlt.platform.composition` puts it together for ``serve``, ``generate`` and ``LLM`` alike.
 """
 
 from __future__ import annotations
@@ -26,26 +28,6 @@ log = logging.getLogger("rlt.features")
 ENTRY_POINT_GROUP = "rlt.features"
 
 
-@attrs.define
-class EngineBuilder:
-    """What features may change before the engine is built (and the HTTP app, if any)."""
-
-    platform: Platform
-    engine_options: dict[str, Any] = attrs.field(factory=dict)
-    executor_factory: Callable | None = None
-    engine_hooks: list[Callable[[Any], None]] = attrs.field(factory=list)  # called with the built engine
-    http_routers: list[Any] = attrs.field(factory=list)
-    notes: list[str] = attrs.field(factory=list)
-
-    def build_engine(self, config):
-        from rlt.platform.engine.engine import LLMEngine
-
-        engine = LLMEngine(config, platform=self.platform, executor_factory=self.executor_factory)
-        for hook in self.engine_hooks:
-            hook(engine)
-        return engine
-
-
 @attrs.frozen
 class Feature:
     name: str
@@ -54,8 +36,8 @@ class Feature:
     requires: frozenset[Capability] = attrs.field(default=frozenset(), converter=frozenset)
     #: attrs class of options (each field becomes ``--<feature>-<field>`` unless it has metadata "flag").
     options: type | None = None
-    #: install(builder, options) applies the feature.
-    install: Callable[[EngineBuilder, Any], None] | None = None
+    #: install(builder, options) applies the feature (builder: an assembly FeatureInstaller).
+    install: Callable[[Any, Any], None] | None = None
     enabled_by_default: bool = True
 
     def missing(self, platform: Platform) -> frozenset[Capability]:
@@ -109,6 +91,27 @@ def _flag(feature: Feature, field: attrs.Attribute) -> str:
     return field.metadata.get("flag") or f"--{feature.name}-{field.name}".replace("_", "-")
 
 
+_SCALARS = {int: int, "int": int, "int | None": int, float: float, "float": float, "float | None": float,
+            str: str, "str": str, "str | None": str}
+
+
+def add_attrs_argument(group, flag: str, field: attrs.Attribute, dest: str, default: Any = None) -> None:
+    """One flag for one attrs field: type, choices, help and metavar from the field and its metadata
+    (``help``, ``choices``, ``type``: a parser callable). ``default`` None leaves unset flags out."""
+    kwargs: dict[str, Any] = {"dest": dest, "default": default, "help": field.metadata.get("help", "")}
+    if field.type in (bool, "bool"):
+        kwargs["action"] = argparse.BooleanOptionalAction
+    else:
+        kwargs["metavar"] = field.name.upper()
+        parse = field.metadata.get("type") or _SCALARS.get(field.type)
+        if parse is not None:
+            kwargs["type"] = parse
+    if "choices" in field.metadata:
+        kwargs["choices"] = field.metadata["choices"]
+        kwargs.pop("metavar", None)
+    group.add_argument(flag, **kwargs)
+
+
 def add_feature_arguments(parser: argparse.ArgumentParser, features: Iterable[Feature]) -> None:
     """Add each available feature's switch and option flags to ``parser``."""
     for f in features:
@@ -119,19 +122,7 @@ def add_feature_arguments(parser: argparse.ArgumentParser, features: Iterable[Fe
         if f.options is None:
             continue
         for field in attrs.fields(f.options):
-            kwargs: dict[str, Any] = {"dest": f"feature__{f.name}__{field.name}", "default": None,
-                                      "help": field.metadata.get("help", "")}
-            if field.type not in (bool, "bool"):
-                kwargs["metavar"] = field.name.upper()
-            if field.type in (bool, "bool"):
-                kwargs["action"] = argparse.BooleanOptionalAction
-            elif field.type in (int, "int"):
-                kwargs["type"] = int
-            elif field.type in (float, "float"):
-                kwargs["type"] = float
-            if "choices" in field.metadata:
-                kwargs["choices"] = field.metadata["choices"]
-            group.add_argument(_flag(f, field), **kwargs)
+            add_attrs_argument(group, _flag(f, field), field, f"feature__{f.name}__{field.name}")
 
 
 def options_from_args(features: Iterable[Feature], args: argparse.Namespace) -> tuple[dict[str, bool], dict[str, Any]]:
@@ -151,17 +142,20 @@ def options_from_args(features: Iterable[Feature], args: argparse.Namespace) -> 
     return enabled, options
 
 
-def compose(builder: EngineBuilder, features: Iterable[Feature], enabled: dict[str, bool],
+def compose(assembly, features: Iterable[Feature], enabled: dict[str, bool],
             options: dict[str, Any]) -> list[FeatureStatus]:
-    """Install every available, enabled feature into ``builder``; return the status table."""
+    """Install every available, enabled feature into ``assembly`` (by name order); return the table."""
     features = list(features)
-    statuses = feature_statuses(builder.platform, features, enabled)
+    statuses = feature_statuses(assembly.platform, features, enabled)
     by_name = {f.name: f for f in features}
     for st in statuses:
-        if st.enabled and by_name[st.name].install is not None:
-            f = by_name[st.name]
-            opts = options.get(f.name) or (f.options() if f.options is not None else None)
-            f.install(builder, opts)
+        f = by_name[st.name]
+        if not st.enabled:
+            continue
+        opts = options.get(f.name) or (f.options() if f.options is not None else None)
+        assembly.feature_options[f.name] = opts
+        if f.install is not None:
+            f.install(assembly.for_feature(f.name), opts)
     return statuses
 
 

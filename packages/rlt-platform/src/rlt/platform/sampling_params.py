@@ -11,17 +11,16 @@ import math
 import attrs
 
 from rlt.platform.errors import InvalidRequestError
+from rlt.platform.validation import check_seed, is_int
 
 MAX_LOGPROBS = 20
-_U64 = 2**64
 
 
 def _fail(field: str, message: str):
-    raise InvalidRequestError(f"{field}: {message}")
+    raise InvalidRequestError(f"{field}: {message}", field)
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+_is_int = is_int
 
 
 def _is_num(v) -> bool:
@@ -62,8 +61,7 @@ class SamplingParams:
             _fail("top_p", f"must be in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < -1:
             _fail("top_k", f"must be -1, 0 (off) or a positive integer, got {self.top_k!r}")
-        if self.seed is not None and (not _is_int(self.seed) or not (-(2**63) <= self.seed < _U64)):
-            _fail("seed", f"must be an integer in the 64-bit range, got {self.seed!r}")
+        check_seed(self.seed)
         for t in self.stop_token_ids:
             if not _is_int(t) or t < 0:
                 _fail("stop_token_ids", f"must be non-negative integers, got {t!r}")

@@ -52,6 +52,9 @@ class PrefillDecodeBackend(AttentionBackend):
         self.name = f"{prefill.name}+{decode.name}"
         self.spec = combined_spec(prefill.spec, decode.spec)
 
+    def prepare(self, kv: KVCache, meta: AttentionMetadata) -> AttentionMetadata:
+        return (self.prefill if meta.max_query_len > 1 else self.decode).prepare(kv, meta)
+
     def write_kv(self, kv: KVCache, layer: int, key: torch.Tensor, value: torch.Tensor,
                  meta: AttentionMetadata) -> None:
         self.decode.write_kv(kv, layer, key, value, meta)

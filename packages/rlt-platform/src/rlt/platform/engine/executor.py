@@ -1,35 +1,22 @@
 """The base executor: eager and synchronous.
 
 ``execute(batch) -> handle``; ``handle.result()`` gives the host-side outcome of the step (which
-rows exited, the tokens sampled, their logprobs). Device state lives here, in slot tables:
-the hidden state of every one-token row between loops, the hidden states of running multi-token
-chunks, and the exit accumulator (``remaining``) of every row. rlt-decode supplies pipelined and
-graph-replay executors behind the same interface.
+rows exited, the tokens sampled, their logprobs). Device state lives here, per slot: the hidden
+state of every one-token row between loops, the hidden states of running multi-token chunks, and
+the exit accumulator (``remaining``) of every row. The attention backend's ``prepare`` runs once
+per step, before the first layer. rlt-decode supplies pipelined and graph-replay executors behind
+the same interface.
 """
 
 from __future__ import annotations
 
-import attrs
 import numpy as np
 import torch
 
-from rlt.attention import AttentionBackend, KVCache, KVLayout
+from rlt.attention import KVLayout
 from rlt.platform.engine.batch import StepBatch
 from rlt.platform.engine.exit_policy import OuroGateExit
-from rlt.platform.engine.sampler import build_sampling_batch, sample
-from rlt.platform.engine.slots import SlotTable
-from rlt.platform.engine.staging import Staging
-from rlt.platform.models.base import LoopedModel
-
-
-@attrs.frozen(eq=False)
-class StepResult:
-    exited: np.ndarray  # [R] bool, row order of the batch
-    sampled_rows: np.ndarray  # indices (into the batch rows) that produced a token
-    token_ids: np.ndarray  # [len(sampled_rows)]
-    logprobs: np.ndarray | None
-    top_ids: np.ndarray | None
-    top_logprobs: np.ndarray | None
+from rlt.platform.engine.interfaces import StepResult
 
 
 class CompletedStep:
@@ -45,32 +32,33 @@ class CompletedStep:
         return self._result
 
 
+def _host(t: torch.Tensor | None) -> np.ndarray | None:
+    return None if t is None else t.cpu().numpy()
+
+
 class EagerExecutor:
-    def __init__(
-        self,
-        model: LoopedModel,
-        kv: KVCache,
-        attention: AttentionBackend,
-        table: SlotTable,
-        *,
-        max_num_seqs: int,
-        device: torch.device,
-        exit_policy=OuroGateExit,
-    ) -> None:
+    def __init__(self, *, model, kv, attention, sampler, max_num_seqs: int, device: torch.device,
+                 exit_policy=OuroGateExit) -> None:
         self.model = model
         self.kv = kv
         self.attention = attention
-        self.table = table
+        self.sampler = sampler
         self.device = device
         self.exit_policy = exit_policy
-        hidden_size = model.shape.hidden_size
-        self.hidden = torch.zeros(max_num_seqs, hidden_size, dtype=model.dtype, device=device)
+        self.exit_latency = exit_policy.decision_latency
+        self.hidden = torch.zeros(max_num_seqs, model.shape.hidden_size, dtype=model.dtype, device=device)
         self.remaining = torch.ones(max_num_seqs, dtype=torch.float32, device=device)
-        self.chunk_hidden: dict[int, torch.Tensor] = {}
-        self.staging = Staging(device)
+        #: hidden states of multi-token chunks between loops, by (slot, first position)
+        self.chunk_hidden: dict[tuple[int, int], torch.Tensor] = {}
+
+    @classmethod
+    def from_context(cls, ctx) -> "EagerExecutor":
+        return cls(model=ctx.model, kv=ctx.cache, attention=ctx.attention, sampler=ctx.parts.sampler,
+                   max_num_seqs=ctx.max_num_seqs, device=ctx.device)
 
     def release(self, slot: int) -> None:
-        self.chunk_hidden.pop(slot, None)
+        for key in [k for k in self.chunk_hidden if k[0] == slot]:
+            del self.chunk_hidden[key]
 
     def _inputs(self, b: StepBatch) -> torch.Tensor:
         parts = []
@@ -78,7 +66,9 @@ class EagerExecutor:
             parts.append(self.model.prelude(b.embed_token_ids))
         if b.num_single:
             parts.append(self.hidden.index_select(0, b.slots_device[b.num_depth0:b.num_depth0 + b.num_single]))
-        parts.extend(self.chunk_hidden[int(s)] for s in b.slots[b.num_depth0 + b.num_single:])
+        first = b.num_depth0 + b.num_single
+        parts.extend(self.chunk_hidden.pop((int(s), int(p)))
+                     for s, p in zip(b.slots[first:], b.row_start[first:]))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @torch.inference_mode()
@@ -86,22 +76,12 @@ class EagerExecutor:
         meta = b.meta
         if self.kv.layout is KVLayout.LAST_EXITED:
             self.kv.stamp_depth(meta.plane0_slot_mapping, meta.token_query_depth)
+        meta = self.attention.prepare(self.kv, meta)
         x = self._inputs(b)
         rope = self.model.rotary(meta.positions)
         h = self.model.recurrent(x, rope, self.kv, self.attention, meta)
         last = h.index_select(0, b.row_last_token)
         slots_dev = b.slots_device
-
-        # Keep every row's state for its next loop (cheap; exited rows are simply overwritten).
-        single = b.row_len == 1
-        if single.all():
-            self.hidden.index_copy_(0, slots_dev, last)
-        elif single.any():
-            sel = torch.from_numpy(np.nonzero(single)[0]).to(self.device)
-            self.hidden.index_copy_(0, slots_dev[sel], last[sel])
-        for i in np.nonzero(~single)[0]:
-            start = int(b.row_token_start[i])
-            self.chunk_hidden[int(b.slots[i])] = h[start:start + int(b.row_len[i])]
 
         # Exit decision.
         if b.adaptive.any():
@@ -114,15 +94,26 @@ class EagerExecutor:
         else:
             exited = b.fixed_exit.copy()
 
+        # Keep the state of rows that loop again (one-token rows by slot, chunks by position).
+        single = b.row_len == 1
+        if single.all():
+            self.hidden.index_copy_(0, slots_dev, last)
+        elif single.any():
+            sel = torch.from_numpy(np.nonzero(single)[0]).to(self.device)
+            self.hidden.index_copy_(0, slots_dev[sel], last[sel])
+        for i in np.nonzero(~single & ~exited)[0]:
+            start = int(b.row_token_start[i])
+            self.chunk_hidden[(int(b.slots[i]), int(b.row_start[i]))] = h[start:start + int(b.row_len[i])]
+
         rows = np.nonzero(exited & b.samples)[0]
+        num_tokens = np.zeros(b.num_rows, np.int64)
         if len(rows) == 0:
-            return CompletedStep(StepResult(exited, rows, np.zeros(0, np.int64), None, None, None))
+            return CompletedStep(StepResult(exited, num_tokens, np.zeros(0, np.int64)))
+        num_tokens[rows] = 1
         if len(rows) == b.num_rows:
             logits = self.model.coda(last)
         else:
             logits = self.model.coda(last.index_select(0, torch.from_numpy(rows).to(self.device)))
-        sb = build_sampling_batch(self.table, b.slots[rows], self.staging)
-        out = sample(logits, sb)
-        host = lambda t: None if t is None else t.cpu().numpy()  # noqa: E731
-        return CompletedStep(StepResult(exited, rows, host(out.token_ids), host(out.logprobs),
-                                        host(out.top_ids), host(out.top_logprobs)))
+        out = self.sampler.sample(logits, b.slots[rows])
+        return CompletedStep(StepResult(exited, num_tokens, _host(out.token_ids), _host(out.logprobs),
+                                        _host(out.top_ids), _host(out.top_logprobs)))

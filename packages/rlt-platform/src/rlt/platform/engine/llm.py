@@ -1,31 +1,56 @@
-"""The offline ``LLM`` API: generate over prompts or token-id lists, outputs in input order."""
+"""The offline ``LLM`` API: generate over prompts or token-id lists, outputs in input order.
+
+The engine is composed with the installed features (:mod:`rlt.platform.composition`), as
+``rlt-server serve`` does: ``features={"name": False}`` turns one off, ``{"name": Options(...)}``
+configures one, and ``use_features=False`` gives the base engine.
+"""
 
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+import logging
+from typing import Any, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
 from rlt.platform.config import EngineConfig
-from rlt.platform.engine.engine import LLMEngine
 from rlt.platform.outputs import RequestOutput
 from rlt.platform.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
+log = logging.getLogger("rlt.llm")
+
+
+def _split_feature_settings(features: Mapping[str, Any] | None) -> tuple[dict[str, bool], dict[str, Any]]:
+    enabled, options = {}, {}
+    for name, value in (features or {}).items():
+        if isinstance(value, bool):
+            enabled[name] = value
+        else:
+            enabled[name], options[name] = True, value
+    return enabled, options
 
 
 class LLM:
-    def __init__(self, model: str | None = None, **engine_options) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_options))
-        self._ids = itertools.count()
+    def __init__(self, model: str | None = None, *, features: Mapping[str, Any] | None = None,
+                 use_features: bool = True, **engine_options) -> None:
+        self._init(EngineConfig(model=model, **engine_options), features, use_features)
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> "LLM":
+    def from_config(cls, config: EngineConfig, *, features: Mapping[str, Any] | None = None,
+                    use_features: bool = True) -> "LLM":
         llm = cls.__new__(cls)
-        llm.engine = LLMEngine(config)
-        llm._ids = itertools.count()
+        llm._init(config, features, use_features)
         return llm
+
+    def _init(self, config: EngineConfig, features, use_features: bool) -> None:
+        from rlt.platform.composition import build_engine, format_feature_table
+
+        enabled, options = _split_feature_settings(features)
+        self.engine = build_engine(config, features=None if use_features else [], enabled=enabled, options=options)
+        for line in format_feature_table(self.engine.features):
+            log.info("%s", line)
+        self._ids = itertools.count()
 
     @property
     def tokenizer(self):

@@ -1,10 +1,8 @@
-"""Host-side state of one request. Device state (hidden states, exit accumulators) is not here:
-the executor owns it in slot tables.
+"""Host-side state of one request: its resolved parameters, what it produced, its lifecycle.
 
-A request runs as a sequence of *chunks*: contiguous position ranges, each taken through its loops
-one depth per step. The prompt is one chunk (full prefill) or, in SHARED layout, one chunk per
-position; every generated token is a one-position chunk. When a chunk exits, it is sampled from if
-it ends the prompt or is a decode chunk.
+Not here: where the request is in its computation (its rows are values the scheduler policy owns,
+:class:`rlt.platform.engine.interfaces.Row`), and device state (hidden states, exit accumulators:
+the executor owns them per slot).
 """
 
 from __future__ import annotations
@@ -37,14 +35,11 @@ class Request:
     exit_threshold: float
     stop_token_ids: frozenset[int]
     arrival_index: int
-    prompt_text: str | None = None
+    #: sampling seed (the request's own, or drawn from the engine's RNG when it gave none)
+    seed: int = 0
     arrival_time: float = attrs.field(factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
     slot: int = -1
-    #: the chunk being run: positions [chunk_start, chunk_start + chunk_len) at depth ``depth``.
-    chunk_start: int = 0
-    chunk_len: int = 0
-    depth: int = 0
     output_token_ids: list[int] = attrs.field(factory=list)
     exit_depths: list[int] = attrs.field(factory=list)
     logprobs: list[TokenLogprob] = attrs.field(factory=list)
@@ -67,19 +62,6 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
-
-    @property
-    def in_prompt(self) -> bool:
-        return self.chunk_start < self.num_prompt
-
-    @property
-    def chunk_samples(self) -> bool:
-        """Whether this chunk, when it exits, produces a token."""
-        return self.chunk_start + self.chunk_len >= self.num_prompt
-
-    @property
-    def chunk_adaptive(self) -> bool:
-        return not self.in_prompt and self.exit_threshold < 1.0
 
     @property
     def finished(self) -> bool:

@@ -110,7 +110,7 @@ def split_seed(seed: int) -> tuple[int, int]:
     return s & _M32, s >> 32
 
 
-def build_sampling_batch(table, slots: np.ndarray, staging) -> SamplingBatch:
+def build_sampling_batch(table, slots: np.ndarray, uploader) -> SamplingBatch:
     """Gather the sampling parameters of ``slots`` from the host slot table (no per-row Python)."""
     temp = table.temperature[slots]
     top_p = table.top_p[slots]
@@ -124,7 +124,7 @@ def build_sampling_batch(table, slots: np.ndarray, staging) -> SamplingBatch:
             ids = table.stop_ids[slots].copy()
             ids[~needs] = -1
             arrays["suppress"] = ids
-    dev = staging.upload(arrays)
+    dev = uploader.upload(arrays)
     lp = table.logprobs[slots]
     return SamplingBatch(
         temperature=dev["temperature"], top_p=dev["top_p"], top_k=dev["top_k"], seed_lo=dev["seed_lo"],
@@ -132,3 +132,18 @@ def build_sampling_batch(table, slots: np.ndarray, staging) -> SamplingBatch:
         all_greedy=bool((temp == 0).all()), any_top=bool(((top_k > 0) | (top_p < 1.0)).any()),
         max_logprobs=int(lp.max()) if len(lp) else -1,
     )
+
+
+class TokenSampler:
+    """The base :class:`Sampler`: parameters from the slot table, one upload, :func:`sample`."""
+
+    def __init__(self, *, slots, uploader) -> None:
+        self.slots = slots
+        self.uploader = uploader
+
+    @classmethod
+    def from_context(cls, ctx) -> "TokenSampler":
+        return cls(slots=ctx.parts.slots, uploader=ctx.parts.uploader)
+
+    def sample(self, logits: torch.Tensor, slots: np.ndarray) -> SampleResult:
+        return sample(logits, build_sampling_batch(self.slots, slots, self.uploader))

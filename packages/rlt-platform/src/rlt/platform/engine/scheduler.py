@@ -1,4 +1,4 @@
-"""The loop-level scheduler (Continuous Depth Batching).
+"""The loop-level scheduler policy (Continuous Depth Batching): the base :class:`SchedulerPolicy`.
 
 Every step, every running request contributes one row: its current chunk at its current depth.
 Rows of different requests and depths share the step's single call of the recurrent core; when a
@@ -6,111 +6,156 @@ row exits, its request moves to its next chunk (the next prompt piece, or the to
 and enters the following step at depth 0 — so requests are refilled at loop granularity, and new
 requests are admitted between any two steps.
 
+Chunks: the prompt runs as one chunk (full prefill) unless ``chunk_limit`` caps its length (a
+feature such as rlt-prefill sets it; each chunk then runs all its loops before the next starts,
+so later chunks read earlier chunks' KV at their own depth). SHARED runs the prompt position by
+position. Every generated token is a one-position chunk.
+
 Admission is by (priority, arrival) and never overcommits: a request is admitted only when a slot
-is free, the KV blocks for every position it can ever write are reserved, and its prompt chunk fits
-the step's token budget. A request that could never fit is rejected up front by the engine.
+is free, the KV manager allocates what it asks for, and its first chunk fits the step's token
+budget. Admission is transactional: if anything fails after the slot or KV were taken, both are
+given back and the request lands in the plan's ``failed`` list (the engine answers it with the
+error). This module owns the rows; nothing else stores where a request is.
 """
 
 from __future__ import annotations
 
 import heapq
 import time
+from typing import Sequence
 
 from rlt.attention import KVLayout
+from rlt.platform.engine.interfaces import Row, StepPlan, StepResult
 from rlt.platform.engine.request import Request, RequestStatus
-from rlt.platform.engine.slots import SlotTable
-from rlt.platform.kv import KVPool
 
 
-class Scheduler:
-    def __init__(self, pool: KVPool, table: SlotTable, *, max_num_seqs: int, max_num_batched_tokens: int) -> None:
-        self.pool = pool
-        self.table = table
+class LoopScheduler:
+    supported_exit_latency = 0
+
+    def __init__(self, *, kv, slots, max_num_seqs: int, max_num_batched_tokens: int, layout: KVLayout,
+                 chunk_limit: int | None = None) -> None:
+        self.kv = kv
+        self.slots = slots
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: list[tuple[int, int, Request]] = []
-        self.running: list[Request] = []
+        self.layout = layout
+        #: the most prompt positions in one chunk (None: the whole prompt)
+        self.chunk_limit = chunk_limit
+        self._waiting: list[tuple[int, int, Request]] = []
+        self._running: list[Request] = []
+        self._rows: dict[Request, Row] = {}
         self._free_slots = list(range(max_num_seqs - 1, -1, -1))
         #: why the head of the queue is waiting, for stats and logs
         self.blocked_reason: str | None = None
 
+    @classmethod
+    def from_context(cls, ctx) -> "LoopScheduler":
+        return cls(kv=ctx.parts.kv_manager, slots=ctx.parts.slots, max_num_seqs=ctx.max_num_seqs,
+                   max_num_batched_tokens=ctx.max_num_batched_tokens, layout=ctx.kv.layout)
+
     # -- queue ---------------------------------------------------------------------------------
-    def add(self, req: Request) -> None:
-        heapq.heappush(self.waiting, (req.params.priority, req.arrival_index, req))
-
-    def remove_waiting(self, req: Request) -> bool:
-        for i, (_, _, r) in enumerate(self.waiting):
-            if r is req:
-                self.waiting.pop(i)
-                heapq.heapify(self.waiting)
-                return True
-        return False
-
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self._waiting)
 
     @property
     def num_running(self) -> int:
-        return len(self.running)
+        return len(self._running)
+
+    def running_requests(self) -> Sequence[Request]:
+        return tuple(self._running)
+
+    def add(self, request: Request) -> None:
+        heapq.heappush(self._waiting, (request.params.priority, request.arrival_index, request))
 
     def first_chunk_len(self, num_prompt: int) -> int:
-        """Full prefill runs the prompt as one chunk; SHARED runs it position by position."""
-        return 1 if self.pool.layout is KVLayout.SHARED else num_prompt
+        """Length of a prompt's first chunk (what admission charges against the step budget)."""
+        if self.layout is KVLayout.SHARED:
+            return 1
+        return num_prompt if self.chunk_limit is None else min(num_prompt, self.chunk_limit)
+
+    def chunk_len(self, request: Request, start: int) -> int:
+        """Length of the prompt chunk that starts at ``start``."""
+        return self.first_chunk_len(request.num_prompt - start)
+
+    def _prompt_row(self, request: Request, slot: int, start: int) -> Row:
+        n = self.chunk_len(request, start)
+        return Row(request, slot, start, n, 0, samples=start + n >= request.num_prompt, in_prompt=True)
 
     # -- steps ---------------------------------------------------------------------------------
-    def _admit(self, seed_for) -> None:
-        budget = self.max_num_batched_tokens - sum(r.chunk_len for r in self.running)
+    def _admit(self) -> list[tuple[Request, BaseException]]:
+        failed: list[tuple[Request, BaseException]] = []
+        budget = self.max_num_batched_tokens - sum(self._rows[r].length for r in self._running)
         self.blocked_reason = None
-        while self.waiting:
-            req = self.waiting[0][2]
-            need = self.first_chunk_len(req.num_prompt)
+        while self._waiting:
+            req = self._waiting[0][2]
+            need = self.chunk_len(req, 0)
             if not self._free_slots:
                 self.blocked_reason = f"all {self.max_num_seqs} sequence slots are busy"
-                return
+                break
             if need > budget:
                 self.blocked_reason = f"step token budget ({self.max_num_batched_tokens}) is in use"
-                return
-            if not self.pool.can_fit_now(req.max_positions, req.max_loops):
-                self.blocked_reason = (
-                    f"waiting for KV blocks: needs {self.pool.blocks_needed(req.max_positions, req.max_loops)}, "
-                    f"{self.pool.allocator.num_free} free"
-                )
-                return
-            heapq.heappop(self.waiting)
+                break
             slot = self._free_slots.pop()
-            self.pool.reserve(slot, req.max_positions, req.max_loops)
+            try:
+                if not self.kv.allocate(slot, req):
+                    self._free_slots.append(slot)
+                    self.blocked_reason = (f"waiting for KV blocks: needs "
+                                           f"{self.kv.blocks_for(req.max_positions, req.max_loops)}, "
+                                           f"{self.kv.num_free} free")
+                    break
+                try:
+                    self.slots.assign(slot, req)
+                except BaseException:
+                    self.kv.free(slot)
+                    raise
+            except Exception as exc:  # noqa: BLE001 - whatever failed, the request gets it as its error
+                self._free_slots.append(slot)
+                heapq.heappop(self._waiting)
+                req.status = RequestStatus.FINISHED
+                failed.append((req, exc))
+                continue
+            heapq.heappop(self._waiting)
             req.slot = slot
             req.status = RequestStatus.RUNNING
             req.first_scheduled_time = time.monotonic()
-            req.chunk_start, req.chunk_len, req.depth = 0, need, 0
-            self.table.assign(slot, req, seed_for(req))
-            self.running.append(req)
+            self._rows[req] = self._prompt_row(req, slot, 0)
+            self._running.append(req)
             budget -= need
+        return failed
 
-    def schedule(self, seed_for) -> list[Request]:
-        self._admit(seed_for)
-        return list(self.running)
+    def schedule(self) -> StepPlan:
+        failed = self._admit()
+        return StepPlan(tuple(self._rows[r] for r in self._running), tuple(failed))
 
-    def finish(self, req: Request) -> None:
-        if req.status is RequestStatus.RUNNING:
-            self.running.remove(req)
-            self.pool.release(req.slot)
-            self._free_slots.append(req.slot)
-        elif req.status is RequestStatus.WAITING:
-            self.remove_waiting(req)
-        req.status = RequestStatus.FINISHED
+    def finish(self, request: Request) -> None:
+        if request.status is RequestStatus.RUNNING:
+            self._running.remove(request)
+            self._rows.pop(request, None)
+            self.kv.free(request.slot)
+            self._free_slots.append(request.slot)
+        elif request.status is RequestStatus.WAITING:
+            for i, (_, _, r) in enumerate(self._waiting):
+                if r is request:
+                    self._waiting.pop(i)
+                    heapq.heapify(self._waiting)
+                    break
+        request.status = RequestStatus.FINISHED
 
-    def advance(self, req: Request, exited: bool, sampled: bool) -> None:
-        """Move a row on after a step: one loop deeper, or to its next chunk."""
-        if not exited:
-            req.depth += 1
-        elif sampled:
-            req.chunk_start = req.num_prompt + len(req.output_token_ids) - 1
-            req.chunk_len = 1
-            req.depth = 0
-        else:  # a prompt piece that does not end the prompt (SHARED): next position
-            req.chunk_start += req.chunk_len
-            req.chunk_len = min(self.first_chunk_len(req.num_prompt), req.num_prompt - req.chunk_start)
-            req.depth = 0
-        self.table.set_chunk(req.slot, req)
+    def advance(self, rows: Sequence[Row], result: StepResult, done: set[Request]) -> None:
+        """Move each row on after a step: one loop deeper, or to its request's next chunk."""
+        for row, exited, produced in zip(rows, result.exited, result.num_tokens):
+            req = row.request
+            if req in done or req.status is not RequestStatus.RUNNING:
+                continue
+            if not exited:
+                nxt = row.deeper()
+            elif produced:
+                pos = req.num_prompt + len(req.output_token_ids) - 1
+                nxt = Row(req, row.slot, pos, 1, 0, samples=True, in_prompt=False)
+            else:  # a prompt chunk that does not end the prompt: the next one
+                nxt = self._prompt_row(req, row.slot, row.end)
+            self._rows[req] = nxt
+
+    def victims(self, num_blocks: int) -> list[Request]:
+        return []  # all-or-nothing admission never needs to preempt

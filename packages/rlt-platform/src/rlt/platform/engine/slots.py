@@ -1,14 +1,16 @@
 """Host slot table: per-slot request parameters as numpy columns.
 
-A running request owns a slot; its sampling and loop parameters are written once at admission,
-and every step gathers the columns of the slots it runs with one fancy index, so building a
-step's batch has no per-row Python.
+A running request owns a slot; its sampling and loop parameters are written once at admission
+(:meth:`SlotTable.assign`, by the scheduler policy) and read by the batch builder and the sampler,
+which gather the columns of a step's slots with one fancy index — no per-row Python. Where a
+request is in its computation is not here (rows carry it), nor is device state (the executor's).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from rlt.platform.engine.exit_policy import is_adaptive
 from rlt.platform.engine.sampler import split_seed
 
 
@@ -26,38 +28,32 @@ class SlotTable:
         self.min_loops = np.ones(n, np.int32)
         self.max_loops = np.ones(n, np.int32)
         self.threshold = np.ones(n, np.float32)
+        #: the request's decode rows consult the exit gate (τ < 1)
+        self.adaptive = np.zeros(n, bool)
         self.stop_ids = np.full((n, max_stop_ids), -1, np.int64)
-        # The running chunk, mirrored from the request for vectorised batch building.
-        self.chunk_start = np.zeros(n, np.int64)
-        self.chunk_len = np.zeros(n, np.int64)
-        self.depth = np.zeros(n, np.int32)
-        self.in_prompt = np.zeros(n, bool)
-        self.samples = np.zeros(n, bool)
 
-    def assign(self, slot: int, req, seed: int) -> None:
+    def assign(self, slot: int, req) -> None:
+        """Write ``req``'s parameters into ``slot``. Raises before writing anything if a value
+        does not fit its column (then the slot is unchanged)."""
         p = req.params
-        self.temperature[slot] = p.temperature
-        self.top_p[slot] = p.top_p
-        self.top_k[slot] = p.top_k if p.top_k > 0 else 0
-        self.seed_lo[slot], self.seed_hi[slot] = split_seed(seed)
-        self.min_tokens[slot] = p.min_tokens
-        self.num_generated[slot] = 0
-        self.logprobs[slot] = -1 if p.logprobs is None else p.logprobs
-        self.min_loops[slot] = req.min_loops
-        self.max_loops[slot] = req.max_loops
-        self.threshold[slot] = req.exit_threshold
         stops = sorted(req.stop_token_ids)
+        values = {
+            "temperature": np.float32(p.temperature), "top_p": np.float32(p.top_p),
+            "top_k": np.int64(p.top_k if p.top_k > 0 else 0), "min_tokens": np.int64(p.min_tokens),
+            "logprobs": np.int64(-1 if p.logprobs is None else p.logprobs),
+            "min_loops": np.int32(req.min_loops), "max_loops": np.int32(req.max_loops),
+            "threshold": np.float32(req.exit_threshold), "stops": np.asarray(stops, np.int64),
+        }
+        lo, hi = split_seed(req.seed)
         if len(stops) > self.stop_ids.shape[1]:
             grown = np.full((self.stop_ids.shape[0], len(stops)), -1, np.int64)
             grown[:, : self.stop_ids.shape[1]] = self.stop_ids
             self.stop_ids = grown
+        for name in ("temperature", "top_p", "top_k", "min_tokens", "logprobs", "min_loops", "max_loops",
+                     "threshold"):
+            getattr(self, name)[slot] = values[name]
+        self.seed_lo[slot], self.seed_hi[slot] = lo, hi
+        self.num_generated[slot] = 0
+        self.adaptive[slot] = is_adaptive(req.exit_threshold)
         self.stop_ids[slot] = -1
-        self.stop_ids[slot, : len(stops)] = stops
-        self.set_chunk(slot, req)
-
-    def set_chunk(self, slot: int, req) -> None:
-        self.chunk_start[slot] = req.chunk_start
-        self.chunk_len[slot] = req.chunk_len
-        self.depth[slot] = req.depth
-        self.in_prompt[slot] = req.in_prompt
-        self.samples[slot] = req.chunk_samples
+        self.stop_ids[slot, : len(stops)] = values["stops"]

@@ -1,4 +1,4 @@
-"""One host-to-device copy per step for all of a step's small metadata arrays.
+"""The base :class:`Uploader`: one host-to-device copy per call for a set of small arrays.
 
 Arrays are grouped by element size (4 or 8 bytes; float32 travels as its int32 bit pattern),
 packed into one buffer per group and copied once, then split on the device into views — no
@@ -14,7 +14,7 @@ import torch
 _GROUPS = {4: (np.int32, torch.int32), 8: (np.int64, torch.int64)}
 
 
-class Staging:
+class CopyUploader:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._pinned = device.type == "cuda"

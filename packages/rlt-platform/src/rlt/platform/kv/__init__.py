@@ -1,5 +1,5 @@
-"""Depth-aware paged KV: host-side allocation and page tables (device storage is rlt.attention.KVCache)."""
+"""Depth-aware paged KV: host bookkeeping (block allocator, per-plane page tables)."""
 
-from rlt.platform.kv.pool import BlockAllocator, KVPool, OutOfBlocks
+from rlt.platform.kv.pool import BlockAllocator, OutOfBlocks, PagedKVManager
 
-__all__ = ["BlockAllocator", "KVPool", "OutOfBlocks"]
+__all__ = ["BlockAllocator", "OutOfBlocks", "PagedKVManager"]

@@ -1,18 +1,19 @@
-"""Host bookkeeping of the depth-aware paged KV pool.
+"""Host bookkeeping of the depth-aware paged KV pool: the base :class:`KVManager`.
 
 Blocks are one pool shared by all depth planes. A request holds, per slot, one page table per
 plane it can reach (a request limited to ``max_loops`` loops never touches deeper planes; SHARED
 has one plane). Page tables live in one host array ``block_tables[slot, plane, page]`` so a step
-gathers the rows it runs with one fancy index. Refcounts let later features (prefix cache) share
-blocks; allocation here is all-or-nothing so admission never overcommits.
+gathers the rows it runs with one fancy index. Allocation here is all-or-nothing at admission —
+every page a request can ever write — so the base engine never overcommits and never preempts
+(incremental allocation, preemption and the prefix cache belong to rlt-kvcache, behind the same
+protocol). Device storage (:class:`rlt.attention.KVCache`) is not touched here.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from rlt.attention import KVCache, KVLayout
+from rlt.attention import KVLayout
 
 
 class OutOfBlocks(Exception):
@@ -20,6 +21,8 @@ class OutOfBlocks(Exception):
 
 
 class BlockAllocator:
+    """Free list and refcounts of the pool's blocks (refcounts let a prefix cache share them)."""
+
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self._free = list(range(num_blocks - 1, -1, -1))
@@ -36,9 +39,6 @@ class BlockAllocator:
         self.refcount[out] = 1
         return out
 
-    def incref(self, blocks) -> None:
-        self.refcount[list(blocks)] += 1
-
     def free(self, blocks) -> None:
         for b in blocks:
             self.refcount[b] -= 1
@@ -46,38 +46,52 @@ class BlockAllocator:
                 self._free.append(b)
 
 
-class KVPool:
-    """Page tables per slot and plane over a :class:`BlockAllocator`, plus the device cache."""
+class PagedKVManager:
+    """Page tables per slot and plane over a :class:`BlockAllocator` (all-or-nothing admission)."""
 
-    def __init__(self, cache: KVCache, *, max_num_seqs: int, max_model_len: int) -> None:
-        self.cache = cache
-        self.block_size = cache.block_size
-        self.num_planes = cache.num_planes
-        self.max_pages = -(-max_model_len // self.block_size)
-        self.allocator = BlockAllocator(cache.num_blocks)
-        self.block_tables = np.zeros((max_num_seqs, self.num_planes, self.max_pages), dtype=np.int32)
+    def __init__(self, *, layout: KVLayout, block_size: int, num_blocks: int, num_planes: int,
+                 max_num_seqs: int, max_pages: int) -> None:
+        self.layout = layout
+        self.block_size = block_size
+        self.num_planes = num_planes
+        self.max_pages = max_pages
+        self.allocator = BlockAllocator(num_blocks)
+        self.block_tables = np.zeros((max_num_seqs, num_planes, max_pages), dtype=np.int32)
         self._owned: dict[int, list[int]] = {}
 
+    @classmethod
+    def from_context(cls, ctx) -> "PagedKVManager":
+        kv = ctx.kv
+        return cls(layout=kv.layout, block_size=kv.block_size, num_blocks=kv.num_blocks, num_planes=kv.num_planes,
+                   max_num_seqs=ctx.max_num_seqs, max_pages=kv.max_pages)
+
     @property
-    def layout(self) -> KVLayout:
-        return self.cache.layout
+    def num_blocks(self) -> int:
+        return self.allocator.num_blocks
+
+    @property
+    def num_free(self) -> int:
+        return self.allocator.num_free
+
+    @property
+    def usage(self) -> float:
+        return 0.0 if self.num_blocks == 0 else 1.0 - self.num_free / self.num_blocks
 
     def planes_for(self, max_loops: int) -> int:
         return 1 if self.layout is KVLayout.SHARED else min(max_loops, self.num_planes)
 
-    def blocks_needed(self, num_positions: int, max_loops: int) -> int:
+    def blocks_for(self, num_positions: int, max_loops: int) -> int:
         return -(-num_positions // self.block_size) * self.planes_for(max_loops)
 
-    def can_ever_fit(self, num_positions: int, max_loops: int) -> bool:
-        return self.blocks_needed(num_positions, max_loops) <= self.allocator.num_blocks
+    def can_ever_fit(self, request) -> bool:
+        return self.blocks_for(request.max_positions, request.max_loops) <= self.num_blocks
 
-    def can_fit_now(self, num_positions: int, max_loops: int) -> bool:
-        return self.blocks_needed(num_positions, max_loops) <= self.allocator.num_free
-
-    def reserve(self, slot: int, num_positions: int, max_loops: int) -> None:
-        """Allocate every page the request can ever touch (all-or-nothing)."""
-        pages = -(-num_positions // self.block_size)
-        planes = self.planes_for(max_loops)
+    def allocate(self, slot: int, request) -> bool:
+        """Allocate every page ``request`` can ever touch, or nothing (returns False)."""
+        pages = -(-request.max_positions // self.block_size)
+        planes = self.planes_for(request.max_loops)
+        if pages * planes > self.num_free:
+            return False
         blocks = self.allocator.allocate(pages * planes)
         table = np.asarray(blocks, dtype=np.int32).reshape(planes, pages)
         self.block_tables[slot] = 0
@@ -85,15 +99,14 @@ class KVPool:
         # Unreachable planes alias plane 0 so any index the kernels form stays in bounds.
         self.block_tables[slot, planes:, :pages] = table[0]
         self._owned[slot] = blocks
+        return True
 
-    def release(self, slot: int) -> None:
+    def grow(self, slot: int, request, num_positions: int) -> bool:
+        return num_positions <= request.max_positions  # everything was allocated at admission
+
+    def match_prefix(self, request) -> int:
+        return 0
+
+    def free(self, slot: int) -> None:
         self.allocator.free(self._owned.pop(slot, ()))
         self.block_tables[slot] = 0
-
-    @property
-    def usage(self) -> float:
-        total = self.allocator.num_blocks
-        return 0.0 if total == 0 else 1.0 - self.allocator.num_free / total
-
-    def device_tables(self, slots: np.ndarray, device: torch.device) -> torch.Tensor:
-        return torch.from_numpy(self.block_tables[slots]).to(device, non_blocking=True)

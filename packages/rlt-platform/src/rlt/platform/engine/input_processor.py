@@ -1,0 +1,86 @@
+"""Input processing: a prompt and its sampling parameters -> a validated :class:`Request`.
+
+Tokenizes text prompts, checks every limit the engine enforces (vocabulary, context length,
+loop bounds, KV capacity, the prompt-chunk budget) and resolves defaults (max_tokens, max_loops,
+τ, stop ids, the sampling seed). A rejected request raises :class:`InvalidRequestError` with the
+field it is about and changes nothing. Runs on the engine's thread; touches no component state
+but the KV manager's capacity (read-only) and the engine's seed RNG.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Sequence
+
+from rlt.platform.checkpoint.tokenizer import IncrementalDetokenizer
+from rlt.platform.engine.request import Request
+from rlt.platform.errors import InvalidRequestError
+from rlt.platform.sampling_params import SamplingParams
+from rlt.platform.validation import check_token_ids
+
+
+class InputProcessor:
+    def __init__(self, ctx, *, kv_manager, scheduler) -> None:
+        self.ctx = ctx
+        self.kv = kv_manager
+        self.scheduler = scheduler
+        #: ids that end generation unless a request sets ignore_eos (the model family's stop ids)
+        self.eos_token_ids = ctx.eos_token_ids
+        self._arrivals = itertools.count()
+        self._rng = random.Random(ctx.config.seed)
+
+    def tokenize(self, prompt: str) -> list[int]:
+        return self.ctx.tokenizer.encode(prompt, add_special_tokens=True)
+
+    def process(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams | None) -> Request:
+        ctx = self.ctx
+        params = params or SamplingParams()
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        vocab = ctx.shape.vocab_size
+        if not ids:
+            raise InvalidRequestError("prompt is empty: give at least one token", "prompt")
+        check_token_ids(ids, vocab)
+        n, limit = len(ids), ctx.max_model_len
+        if n >= limit:
+            raise InvalidRequestError(
+                f"prompt has {n} tokens; this model's maximum context length is {limit} tokens "
+                "(prompt plus at least one generated token)", "prompt")
+        max_tokens = params.max_tokens if params.max_tokens is not None else limit - n
+        if n + max_tokens > limit:
+            raise InvalidRequestError(
+                f"this model's maximum context length is {limit} tokens, but the prompt has {n} "
+                f"tokens and max_tokens is {max_tokens}; lower max_tokens to at most {limit - n}", "max_tokens")
+        if self.scheduler.first_chunk_len(n) > ctx.max_num_batched_tokens:
+            raise InvalidRequestError(
+                f"prompt has {n} tokens, more than max_num_batched_tokens ({ctx.max_num_batched_tokens}) "
+                "that full prefill can run in one step; raise --max-num-batched-tokens or install rlt-prefill "
+                "(chunked prefill)", "prompt")
+        max_loops = params.max_loops if params.max_loops is not None else ctx.num_loops
+        if max_loops > ctx.num_loops:
+            raise InvalidRequestError(f"max_loops {max_loops} exceeds the engine's {ctx.num_loops} loops", "max_loops")
+        if params.min_loops > max_loops:
+            raise InvalidRequestError(f"min_loops {params.min_loops} exceeds max_loops {max_loops}", "min_loops")
+        check_token_ids(params.stop_token_ids, vocab, "stop_token_ids")
+        threshold = params.exit_threshold if params.exit_threshold is not None else ctx.default_threshold
+        if threshold < 1.0 and ctx.config.fixed_depth:
+            raise InvalidRequestError(
+                f"exit_threshold {threshold} asks for adaptive exit, but this engine serves fixed depth "
+                "(--fixed-depth); omit exit_threshold or set it to 1.0", "exit_threshold")
+        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        req = Request(
+            request_id=request_id, prompt_token_ids=ids, params=params, max_tokens=max_tokens,
+            max_loops=max_loops, min_loops=params.min_loops, exit_threshold=float(threshold),
+            stop_token_ids=stops, arrival_index=-1,
+        )
+        if not self.kv.can_ever_fit(req):
+            need = self.kv.blocks_for(req.max_positions, max_loops)
+            raise InvalidRequestError(
+                f"request needs {need} KV blocks ({req.max_positions} positions x up to {max_loops} depth planes) "
+                f"but the pool has {self.kv.num_blocks}; lower max_tokens or give the KV cache more memory",
+                "max_tokens")
+        req.detok = IncrementalDetokenizer(ctx.tokenizer, ids, params.skip_special_tokens)
+        # Accepted: only now does it take an arrival number and (unseeded) a draw of the engine's RNG.
+        req.arrival_index = next(self._arrivals)
+        req.seed = params.seed if params.seed is not None else self._rng.getrandbits(64)
+        return req

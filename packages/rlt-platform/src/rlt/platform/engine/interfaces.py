@@ -1,0 +1,321 @@
+"""The engine's extension interfaces: the one public module feature packages program against.
+
+The engine core is an assembly of components, each behind a small protocol defined here. Every
+component is built by a factory ``factory(ctx) -> component`` and may be wrapped by features
+(``wrap(ctx, inner) -> component``, see :mod:`rlt.platform.engine.assembly`). All factories and
+wrappers receive the same frozen :class:`EngineContext`; components built earlier are reachable
+through ``ctx.parts`` (build order: uploader, kv_manager, scheduler, sampler, batch_builder,
+executor, step_loop).
+
+Threading: one thread owns an engine and calls every component from it (the engine thread of
+rlt-serve, or the caller of ``LLM.generate``). Device work is issued on the current stream of the
+engine's device; a component that uses other streams orders them with events itself.
+
+The values that travel between components:
+
+- :class:`Row` — the scheduling atom: (request, position range, depth). A request may own several
+  rows of one step (wavefront chunks at different depths, speculative verification positions).
+- :class:`StepPlan` — what the scheduler decided for a step: the rows, and requests that failed
+  at admission (answered with an error; their slot and KV were given back).
+- a *batch* — whatever the batch builder produces and its executor consumes; the base pair uses
+  :class:`rlt.platform.engine.batch.StepBatch`. It always has ``rows`` (the rows in batch order).
+- :class:`StepResult` — the outcome of a step, per row in batch order: which rows exited, and the
+  tokens each row produced (ragged: ``num_tokens[i]`` tokens per row, flat arrays after that).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
+
+import attrs
+import numpy as np
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from rlt.attention import AttentionBackend, KVCache, KVLayout
+    from rlt.platform.attention_select import AttentionSelection
+    from rlt.platform.checkpoint.tokenizer import RltTokenizer
+    from rlt.platform.config import EngineConfig
+    from rlt.platform.engine.request import Request
+    from rlt.platform.engine.slots import SlotTable
+    from rlt.platform.models.base import LoopedModel, ModelShape
+    from rlt.platform.platforms import Platform
+    from rlt.platform.uva import UvaDecision
+
+#: Component names, in build order.
+COMPONENTS = ("uploader", "kv_manager", "scheduler", "sampler", "batch_builder", "executor", "step_loop")
+
+
+# -- values ---------------------------------------------------------------------------------------
+@attrs.frozen(eq=False)
+class Row:
+    """Positions ``[start, start + length)`` of ``request`` run through loop ``depth`` (0-based).
+
+    ``samples``: when this row exits, it produces a token (it ends the prompt, or it is a decode
+    row). ``in_prompt``: its positions are prompt positions (they always run the request's full
+    depth; the exit gate is not consulted).
+    """
+
+    request: "Request"
+    slot: int
+    start: int
+    length: int
+    depth: int
+    samples: bool
+    in_prompt: bool
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    def deeper(self) -> "Row":
+        return attrs.evolve(self, depth=self.depth + 1)
+
+
+@attrs.frozen(eq=False)
+class StepPlan:
+    rows: tuple[Row, ...]
+    #: (request, error) for requests whose admission failed after resources were taken; the
+    #: scheduler gave the resources back, the engine answers them with the error.
+    failed: tuple[tuple["Request", BaseException], ...] = ()
+
+
+@attrs.frozen(eq=False)
+class StepResult:
+    """Host-side outcome of a step, per row in batch order.
+
+    ``exited[i]``: row i finished its last loop in this step (a prompt row that is not the last
+    chunk, or any row that exited, moves on to its next chunk). ``num_tokens[i]`` tokens were
+    produced by row i (0 or 1 for plain decoding; several for verification); ``token_ids`` and the
+    logprob arrays hold them flat, row after row. ``exit_latency``: how many steps late the exit
+    decisions are (0: they describe this step's rows; see ``Executor.exit_latency``).
+    """
+
+    exited: np.ndarray
+    num_tokens: np.ndarray
+    token_ids: np.ndarray
+    logprobs: np.ndarray | None = None
+    top_ids: np.ndarray | None = None
+    top_logprobs: np.ndarray | None = None
+    #: per produced token: the prompt logprobs of the chunk (rlt-specific; None when not asked)
+    extras: Mapping[str, Any] = attrs.field(factory=dict)
+    exit_latency: int = 0
+
+    @property
+    def token_offsets(self) -> np.ndarray:
+        """``[R + 1]``: row i's tokens are ``token_ids[off[i]:off[i + 1]]``."""
+        off = np.zeros(len(self.num_tokens) + 1, np.int64)
+        np.cumsum(self.num_tokens, out=off[1:])
+        return off
+
+
+@attrs.frozen
+class KVSpec:
+    """Shape of the device KV storage."""
+
+    layout: "KVLayout"
+    block_size: int
+    num_blocks: int
+    num_planes: int
+    max_pages: int  # pages of one request at max_model_len
+
+
+@attrs.define(eq=False)
+class Parts:
+    """The components built so far, in build order (read them; do not replace them here)."""
+
+    slots: "SlotTable | None" = None
+    uploader: Any = None
+    kv_manager: Any = None
+    scheduler: Any = None
+    sampler: Any = None
+    batch_builder: Any = None
+    executor: Any = None
+    step_loop: Any = None
+
+
+@attrs.frozen(eq=False)
+class EngineContext:
+    """Everything a component factory needs, fixed when the engine is built."""
+
+    config: "EngineConfig"
+    platform: "Platform"
+    device: torch.device
+    dtype: torch.dtype
+    model_dir: str
+    model_type: str
+    model: "LoopedModel"
+    tokenizer: "RltTokenizer"
+    cache: "KVCache"
+    kv: KVSpec
+    attention: "AttentionBackend"
+    selection: "AttentionSelection"
+    uva: "UvaDecision"
+    max_model_len: int
+    num_loops: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    #: τ for requests that give none (1.0: fixed full depth)
+    default_threshold: float
+    eos_token_ids: frozenset[int]
+    #: options of the enabled features, by feature name
+    feature_options: Mapping[str, Any] = attrs.field(factory=dict)
+    parts: Parts = attrs.field(factory=Parts)
+
+    @property
+    def shape(self) -> "ModelShape":
+        return self.model.shape
+
+
+# -- component protocols ----------------------------------------------------------------------------
+@runtime_checkable
+class Uploader(Protocol):
+    """Moves a step's small host arrays to the device (copy, pinned async, or mapped host memory).
+
+    ``upload(arrays)`` returns device tensors of the same names, shapes and dtypes. The host
+    buffers behind an upload may be reused only after the device has consumed them (ordered by
+    events); the arrays passed in may be reused by the caller as soon as ``upload`` returns.
+    """
+
+    def upload(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]: ...
+
+
+@runtime_checkable
+class KVManager(Protocol):
+    """Host bookkeeping of the paged, depth-aware KV pool (never touches device storage).
+
+    Owns the block allocator, refcounts and the page tables ``block_tables[slot, plane, page]``
+    (read-only for everyone else). ``blocks_for`` is the cost of a request up to a number of
+    positions; ``allocate`` is all-or-nothing and returns False when the blocks are not free now;
+    ``grow`` extends a running request's allocation (incremental managers; the base one allocates
+    everything at admission, so ``grow`` is a no-op that returns True); ``match_prefix`` returns
+    how many leading prompt positions already have KV (0 without a prefix cache); ``free``
+    releases a slot's blocks.
+    """
+
+    block_size: int
+    num_planes: int
+    block_tables: np.ndarray
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def num_free(self) -> int: ...
+
+    def blocks_for(self, num_positions: int, max_loops: int) -> int: ...
+
+    def can_ever_fit(self, request: "Request") -> bool: ...
+
+    def allocate(self, slot: int, request: "Request") -> bool: ...
+
+    def grow(self, slot: int, request: "Request", num_positions: int) -> bool: ...
+
+    def match_prefix(self, request: "Request") -> int: ...
+
+    def free(self, slot: int) -> None: ...
+
+
+@runtime_checkable
+class SchedulerPolicy(Protocol):
+    """Admission, the rows of each step, and how rows move on after a step's outcome.
+
+    ``add`` queues a validated request (it may raise :class:`InvalidRequestError` to veto it);
+    ``first_chunk_len`` is the length of a prompt's first chunk (checked against the step budget
+    at input processing); ``schedule`` admits what fits and returns the step's plan
+    (admission is transactional: a failure after a slot or KV was taken gives both back and lands
+    in ``StepPlan.failed``); ``advance`` moves the rows of a finished step on (``done`` holds the
+    requests that finished in this step: they own no rows any more); ``finish`` ends a request in
+    any state and frees its slot and KV; ``victims`` names running requests to preempt to free
+    ``num_blocks`` (none in the base policy, which never overcommits). ``blocked_reason`` says why
+    the head of the queue waits. ``supported_exit_latency`` is the largest executor exit latency
+    the policy can schedule with.
+    """
+
+    blocked_reason: str | None
+    supported_exit_latency: int
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    def add(self, request: "Request") -> None: ...
+
+    def first_chunk_len(self, num_prompt: int) -> int: ...
+
+    def schedule(self) -> StepPlan: ...
+
+    def advance(self, rows: Sequence[Row], result: StepResult, done: set["Request"]) -> None: ...
+
+    def finish(self, request: "Request") -> None: ...
+
+    def running_requests(self) -> Sequence["Request"]: ...
+
+    def victims(self, num_blocks: int) -> list["Request"]: ...
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Turns the logits of rows that produce a token into tokens (and logprobs).
+
+    ``sample(logits [M, vocab] fp32, slots [M])`` reads the sampling parameters of the slots
+    from the slot table. A verifier (speculation) is a sampler that also accepts draft tokens.
+    """
+
+    def sample(self, logits: torch.Tensor, slots: np.ndarray) -> Any: ...
+
+
+@runtime_checkable
+class BatchBuilder(Protocol):
+    """Builds a step's batch from its rows: row order, packed token metadata, attention metadata,
+    uploaded once through the uploader. The batch has ``rows`` (batch order) and ``num_rows``."""
+
+    def build(self, rows: Sequence[Row]) -> Any: ...
+
+
+@runtime_checkable
+class StepHandle(Protocol):
+    def done(self) -> bool: ...
+
+    def result(self) -> StepResult: ...
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs a batch on the device: ``execute(batch) -> StepHandle``.
+
+    Owns the device state of every slot (hidden states between loops, exit accumulators) and
+    calls the attention backend's ``prepare`` once per step. ``release(slot)`` drops a finished
+    slot's state. ``exit_latency``: how many steps late its exit decisions arrive (0: in the
+    step's own result).
+    """
+
+    exit_latency: int
+
+    def execute(self, batch: Any) -> StepHandle: ...
+
+    def release(self, slot: int) -> None: ...
+
+
+@runtime_checkable
+class StepLoop(Protocol):
+    """How steps are driven: ``step(core) -> list[RequestOutput]`` runs (or advances) one step.
+
+    The synchronous loop plans, builds, executes and completes one step per call; a pipelined
+    loop may keep several in flight. ``core`` offers ``plan()``, ``launch(plan)`` and
+    ``complete(launched)`` (see :class:`rlt.platform.engine.core.EngineCore`).
+    """
+
+    def step(self, core: Any) -> list: ...
+
+    def drain(self, core: Any) -> list: ...
+
+
+@runtime_checkable
+class StepObserver(Protocol):
+    """Called after every completed step with its batch and result (benchmarks, tests, metrics).
+    Must not modify either, and must be cheap: it runs on the engine thread."""
+
+    def on_step(self, batch: Any, result: StepResult) -> None: ...
