@@ -180,36 +180,37 @@ def main(argv=None) -> dict:
         "workloads": [], "baselines": [], "profiles": [],
     }
     cache = CheckpointCache()
-    with cache.installed():
-        for spec in args.workload:
-            base_spec, budget = _split_budget(spec)
-            wl = Workload.parse(base_spec)
-            log(f"workload {wl.describe()}" + (f" (budget {budget:.0f} s)" if budget else ""))
-            results["workloads"].append(_run_one(args, model_dir, model_cfg, cost, ceilings, wl, opts, budget))
+    # one checkpoint cache for every engine of this run (LLMEngine(load_checkpoint=cache.load))
+    for spec in args.workload:
+        base_spec, budget = _split_budget(spec)
+        wl = Workload.parse(base_spec)
+        log(f"workload {wl.describe()}" + (f" (budget {budget:.0f} s)" if budget else ""))
+        results["workloads"].append(_run_one(args, model_dir, model_cfg, cost, ceilings, wl, opts, budget,
+                                               cache.load))
+        _write(out_dir, results)
+    if args.baseline:
+        ckpt = cache.load(model_dir, dtype=dtype, device=device)
+        for spec in args.baseline:
+            kind, _, rest = spec.partition(":")
+            wl = Workload.parse(rest + (f",name=baseline-{kind}" if "name=" not in rest else ""))
+            log(f"baseline {kind}: {wl.describe()}")
+            results["baselines"].append(_run_baseline(kind, ckpt, wl, device, args, cost, ceilings))
             _write(out_dir, results)
-        if args.baseline:
-            ckpt = cache.load(model_dir, dtype=dtype, device=device)
-            for spec in args.baseline:
-                kind, _, rest = spec.partition(":")
-                wl = Workload.parse(rest + (f",name=baseline-{kind}" if "name=" not in rest else ""))
-                log(f"baseline {kind}: {wl.describe()}")
-                results["baselines"].append(_run_baseline(kind, ckpt, wl, device, args, cost, ceilings))
-                _write(out_dir, results)
-            del ckpt
-        for spec in args.profile:
-            fields = dict(p.split("=", 1) for p in spec.split(",") if p)
-            c, p_len = int(fields["c"]), int(fields["in"])
-            log(f"profile: decode steps at C={c}, context {p_len}")
-            try:
-                prof = profile_decode(model_dir, model_cfg, concurrency=c, prompt_len=p_len, opts=opts,
-                                      backend=backend, seed=args.seed)
-                log(f"  {prof['host_wall_ms_per_step']:.2f} ms/step host wall, "
-                    f"{prof['kernel_launches_per_step'] or prof['aten_ops_per_step']:.0f} launches (ops)/step")
-            except Exception as exc:  # noqa: BLE001
-                log(f"  profile failed: {type(exc).__name__}: {exc}")
-                prof = {"concurrency": c, "prompt_len": p_len, "error": f"{type(exc).__name__}: {exc}"}
-            results["profiles"].append(prof)
-        cache.clear()
+        del ckpt
+    for spec in args.profile:
+        fields = dict(p.split("=", 1) for p in spec.split(",") if p)
+        c, p_len = int(fields["c"]), int(fields["in"])
+        log(f"profile: decode steps at C={c}, context {p_len}")
+        try:
+            prof = profile_decode(model_dir, model_cfg, concurrency=c, prompt_len=p_len, opts=opts,
+                                  backend=backend, seed=args.seed)
+            log(f"  {prof['host_wall_ms_per_step']:.2f} ms/step host wall, "
+                f"{prof['kernel_launches_per_step'] or prof['aten_ops_per_step']:.0f} launches (ops)/step")
+        except Exception as exc:  # noqa: BLE001
+            log(f"  profile failed: {type(exc).__name__}: {exc}")
+            prof = {"concurrency": c, "prompt_len": p_len, "error": f"{type(exc).__name__}: {exc}"}
+        results["profiles"].append(prof)
+    cache.clear()
     results["elapsed_s"] = time.perf_counter() - t_all
     _write(out_dir, results)
     md = markdown(results)
@@ -224,13 +225,14 @@ def main(argv=None) -> dict:
     return results
 
 
-def _run_one(args, model_dir, model_cfg, cost, ceilings, wl, opts, budget) -> dict:
+def _run_one(args, model_dir, model_cfg, cost, ceilings, wl, opts, budget, load_checkpoint=None) -> dict:
     loops = model_cfg.total_ut_steps if not wl.adaptive else None
     try:
         try:
             res = run_workload(model_dir, model_cfg, attrs.evolve(wl), opts, backend=opts.attention_backend,
                                reps=args.reps, warmup_output_len=args.warmup_output_len, budget_s=budget,
-                               seed=args.seed, sync_steps=not args.no_sync_steps, progress=log)
+                               seed=args.seed, sync_steps=not args.no_sync_steps, progress=log,
+                               load_checkpoint=load_checkpoint)
         except Exception as exc:  # noqa: BLE001
             fb = args.fallback_backend
             if not fb or fb == opts.attention_backend or "OutOfMemoryError" in f"{type(exc).__name__}{exc}":
@@ -238,7 +240,8 @@ def _run_one(args, model_dir, model_cfg, cost, ceilings, wl, opts, budget) -> di
             log(f"  {opts.attention_backend} failed ({type(exc).__name__}: {str(exc)[:300]}); retrying with {fb}")
             res = run_workload(model_dir, model_cfg, wl, attrs.evolve(opts, attention_backend=fb), backend=fb,
                                reps=args.reps, warmup_output_len=args.warmup_output_len, budget_s=budget,
-                               seed=args.seed, sync_steps=not args.no_sync_steps, progress=log)
+                               seed=args.seed, sync_steps=not args.no_sync_steps, progress=log,
+                               load_checkpoint=load_checkpoint)
             res["notes"].append(f"{opts.attention_backend} failed ({type(exc).__name__}: {str(exc)[:200]}); ran {fb}")
     except Exception as exc:  # noqa: BLE001 - a failed workload is reported, the run goes on
         log(f"  FAILED: {type(exc).__name__}: {exc}")

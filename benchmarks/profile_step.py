@@ -16,7 +16,6 @@ This module only observes; it does not change how the engine runs.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import time
 from collections import defaultdict
@@ -24,8 +23,9 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.observe import REGION_ORDER, StepRecorder, timed_assembly
 from benchmarks.workload import EngineOptions, Workload, prompts_for
-from rlt.platform.engine.engine import LLMEngine
+from rlt.platform.platforms import detect_platform
 from rlt.platform.sampling_params import SamplingParams
 
 _LAUNCH_NAMES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
@@ -49,67 +49,18 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-REGION_ORDER = ("schedule", "build batch + metadata (host->device)", "execute (total)",
-                "execute: recurrent core (issue kernels)", "execute: exit gate", "execute: coda (LM head)",
-                "execute: sample (+ wait for device, copy to host)", "outputs (append, detokenize, advance)")
-
-
-@contextlib.contextmanager
-def region_timers(engine: LLMEngine):
-    """Host time spent in the parts of ``LLMEngine.step`` (no device synchronisation inside).
-
-    Wraps, for the duration of the block only, the scheduler, the batch builder, the executor,
-    the model's recurrent / exit / coda stages, the sampler and the output bookkeeping. Because
-    kernels run asynchronously, a region's time is the host time to issue its work, except where
-    the host waits for the device (the sampler's copy of tokens to the host absorbs that wait).
-    """
-    import rlt.platform.engine.engine as engine_mod
-    import rlt.platform.engine.executor as executor_mod
-
-    acc: dict[str, float] = defaultdict(float)
-    restore: list = []
-
-    def wrap(owner, name: str, label: str) -> None:
-        fn = getattr(owner, name)
-        had = name in vars(owner)
-
-        def timed(*a, **k):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                acc[label] += time.perf_counter() - t
-
-        setattr(owner, name, timed)
-        restore.append((owner, name, fn, had))
-
-    wrap(engine.scheduler, "schedule", "schedule")
-    wrap(engine_mod, "build_step_batch", "build batch + metadata (host->device)")
-    wrap(engine.executor, "execute", "execute (total)")
-    wrap(engine.executor.model, "recurrent", "execute: recurrent core (issue kernels)")
-    wrap(engine.executor.model, "exit_logit", "execute: exit gate")
-    wrap(engine.executor.model, "coda", "execute: coda (LM head)")
-    wrap(executor_mod, "sample", "execute: sample (+ wait for device, copy to host)")
-    wrap(engine, "_apply", "outputs (append, detokenize, advance)")
-    try:
-        yield acc
-    finally:
-        for owner, name, fn, had in reversed(restore):
-            if had:
-                setattr(owner, name, fn)
-            else:
-                delattr(owner, name)
-
-
 def profile_decode(model_dir: str, model_cfg, *, concurrency: int, prompt_len: int, opts: EngineOptions,
                    backend: str, steps: int | None = None, warm_steps: int = 8, seed: int = 0,
-                   top: int = 15) -> dict:
+                   top: int = 15, load_checkpoint=None) -> dict:
     loops = model_cfg.total_ut_steps
     steps = steps or loops
     wl = Workload(name=f"profile-c{concurrency}", concurrency=concurrency, prompt_len=prompt_len,
                   output_len=warm_steps + steps + 2 * loops + 2, num_requests=concurrency)
     cfg = opts.engine_config(model_dir, wl, backend=backend, num_loops=loops)
-    engine = LLMEngine(cfg)
+    assembly, regions = timed_assembly(detect_platform(cfg.device))
+    engine = assembly.build_engine(cfg, load_checkpoint=load_checkpoint)
+    recorder = StepRecorder()
+    engine.add_observer(recorder)
     device = engine.device
     cuda = device.type == "cuda"
     try:
@@ -118,7 +69,7 @@ def profile_decode(model_dir: str, model_cfg, *, concurrency: int, prompt_len: i
             engine.add_request(f"prof-{i}", p, params)
         # Until every row is past its prompt, then a few steady-state steps.
         guard = 0
-        while engine.table.in_prompt[[r.slot for r in engine.scheduler.running]].any() or engine.scheduler.waiting:
+        while engine.stats().num_waiting or not recorder.prefill or recorder.last_had_prompt_rows:
             engine.step()
             guard += 1
             if guard > 64 * loops:
@@ -129,18 +80,18 @@ def profile_decode(model_dir: str, model_cfg, *, concurrency: int, prompt_len: i
             torch.cuda.synchronize(device)
         # Unprofiled steps first: clean host wall times and where the host spends them.
         plain = []
-        with region_timers(engine) as regions:
-            for _ in range(steps):
-                t = time.perf_counter()
-                engine.step()
-                if cuda:
-                    torch.cuda.synchronize(device)
-                plain.append(time.perf_counter() - t)
+        regions.clear()
+        for _ in range(steps):
+            t = time.perf_counter()
+            engine.step()
+            if cuda:
+                torch.cuda.synchronize(device)
+            plain.append(time.perf_counter() - t)
         plain_ms = 1e3 * sum(plain) / steps
         region_ms = {k: 1e3 * regions[k] / steps for k in REGION_ORDER if k in regions}
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         walls = []
-        rows = len(engine.scheduler.running)
+        rows = engine.stats().num_running
         with profile(activities=activities) as prof:
             for _ in range(steps):
                 t = time.perf_counter()

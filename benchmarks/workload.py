@@ -36,7 +36,6 @@ the engine's outputs (the checkpoint cache below only avoids re-reading identica
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import math
 import statistics
@@ -47,7 +46,7 @@ import attrs
 import numpy as np
 import torch
 
-import rlt.platform.engine.engine as engine_module
+from benchmarks.observe import StepRecorder
 from rlt.platform.checkpoint.loader import load_checkpoint as _load_checkpoint
 from rlt.platform.config import EngineConfig
 from rlt.platform.engine.engine import LLMEngine
@@ -130,8 +129,7 @@ class CheckpointCache:
     """Loads each (directory, dtype, device) once and hands the same tensors to every engine.
 
     Engines of different workloads are built from the same weights; re-reading 3 GB per
-    workload would only cost device time. Installed by :meth:`installed` for the duration of
-    a benchmark, by replacing the loader name the engine module calls.
+    workload would only cost device time. Pass :meth:`load` as the engine's ``load_checkpoint``.
     """
 
     def __init__(self) -> None:
@@ -142,15 +140,6 @@ class CheckpointCache:
         if key not in self._cache:
             self._cache[key] = _load_checkpoint(path, dtype=dtype, device=device)
         return self._cache[key]
-
-    @contextlib.contextmanager
-    def installed(self):
-        saved = engine_module.load_checkpoint
-        engine_module.load_checkpoint = self.load
-        try:
-            yield self
-        finally:
-            engine_module.load_checkpoint = saved
 
     def clear(self) -> None:
         self._cache.clear()
@@ -183,16 +172,8 @@ def run_once(engine: LLMEngine, wl: Workload, prompts: list[list[int]], output_l
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True,
                             exit_threshold=wl.exit_threshold, min_loops=wl.min_loops, max_loops=wl.max_loops)
     log = StepLog()
-    seen = {"prefill": False, "rows": 0}
-    executor = engine.executor
-    inner = executor.execute
-
-    def recording_execute(batch):
-        seen["prefill"] = bool(engine.table.in_prompt[batch.slots].any())
-        seen["rows"] = batch.num_rows
-        return inner(batch)
-
-    executor.execute = recording_execute
+    recorder = StepRecorder()
+    engine.add_observer(recorder)
     finished = []
     issued = 0
     try:
@@ -202,14 +183,16 @@ def run_once(engine: LLMEngine, wl: Workload, prompts: list[list[int]], output_l
             engine.add_request(f"{wl.name}-{issued}", prompts[issued], params)
             issued += 1
         while engine.has_unfinished_requests():
+            ran = len(recorder.rows)
             ts = time.perf_counter()
             outs = engine.step()
             if sync_steps:
                 _sync(device)
             dt = time.perf_counter() - ts
             log.seconds.append(dt)
-            log.prefill.append(seen["prefill"])
-            log.rows.append(seen["rows"])
+            stepped = len(recorder.rows) > ran
+            log.prefill.append(recorder.prefill[-1] if stepped else False)
+            log.rows.append(recorder.rows[-1] if stepped else 0)
             log.tokens_out.append(sum(len(o.new_token_ids) for o in outs))
             for o in outs:
                 if not o.finished:
@@ -223,7 +206,7 @@ def run_once(engine: LLMEngine, wl: Workload, prompts: list[list[int]], output_l
         _sync(device)
         t_end = time.perf_counter()
     finally:
-        executor.execute = inner
+        engine.remove_observer(recorder)
         for rid in [f"{wl.name}-{i}" for i in range(issued)]:
             engine.abort_request(rid)
     return _metrics(wl, finished, log, t_end - t0)
@@ -346,7 +329,7 @@ def fit_to_memory(model_dir: str, model_cfg, wl: Workload, opts: EngineOptions, 
 # -- a whole workload ----------------------------------------------------------------------------
 def run_workload(model_dir: str, model_cfg, wl: Workload, opts: EngineOptions, *, backend: str,
                  reps: int = 3, warmup_output_len: int = 4, budget_s: float | None = None,
-                 seed: int = 0, sync_steps: bool = True, progress=print) -> dict:
+                 seed: int = 0, sync_steps: bool = True, progress=print, load_checkpoint=None) -> dict:
     """Build an engine for ``wl``, warm up once, run up to ``reps`` measured repetitions."""
     t_start = time.perf_counter()
     notes: list[str] = []
@@ -356,7 +339,7 @@ def run_workload(model_dir: str, model_cfg, wl: Workload, opts: EngineOptions, *
         notes.append(fit_note)
         progress(f"  {fit_note}")
     cfg = opts.engine_config(model_dir, wl, backend=backend, num_loops=model_cfg.total_ut_steps)
-    engine = LLMEngine(cfg)
+    engine = LLMEngine(cfg, load_checkpoint=load_checkpoint)
     device = engine.device
     elem = torch.empty((), dtype=engine.dtype).element_size()
     kv_bytes = kv_pool_bytes(cfg, model_cfg, elem)

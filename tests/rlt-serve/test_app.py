@@ -17,7 +17,8 @@ from rlt.serve.feature import HttpOptions
 from rlt.serve.routes import router
 from rlt.serve.server import build_state
 
-POISON_TOP_K = 317
+from serve_helpers import POISON_TOP_K, poisoned_engine  # noqa: F401 - POISON_TOP_K: used by the tests
+
 boom = APIRouter()
 
 
@@ -28,16 +29,8 @@ async def _boom():
 
 @pytest.fixture(scope="module")
 def client(tiny_checkpoint):
-    engine = LLMEngine(EngineConfig(model=str(tiny_checkpoint(seed=3, thinking=True)), dtype="float32",
-                                    num_kv_blocks=256, max_num_seqs=4))
-    inner = engine.executor.execute
-
-    def execute(batch):
-        if (engine.table.top_k[batch.slots] == POISON_TOP_K).any():
-            raise RuntimeError("injected fault")
-        return inner(batch)
-
-    engine.executor.execute = execute
+    engine = poisoned_engine(EngineConfig(model=str(tiny_checkpoint(seed=3, thinking=True)), dtype="float32",
+                                          num_kv_blocks=256, max_num_seqs=4))
     status = FeatureStatus("http", "rlt-serve", True, True, True, "enabled")
     state = build_state(engine, statuses=[status], options=HttpOptions(max_body_bytes=4096),
                         served_names=["tiny", "alias"])

@@ -13,13 +13,16 @@ import asyncio
 import pytest
 
 from rlt.platform import EngineConfig, LLMEngine, SamplingParams
+from rlt.platform.engine.assembly import EngineAssembly
+from rlt.platform.engine.interfaces import Wrapped
 from rlt.platform.engine.llm import LLM
+from rlt.platform.platforms import detect_platform
 from rlt.platform.errors import InvalidRequestError
 from rlt.serve.async_engine import AsyncEngine
 from rlt.serve.errors import EngineDead, Overloaded
 from rlt.serve.metrics import ServerMetrics
 
-POISON_TOP_K = 317
+from serve_helpers import POISON_TOP_K, PoisonedExecutor
 
 
 def _engine(path, **kw):
@@ -51,15 +54,24 @@ async def _until(pred, steps=400):
     return pred()
 
 
-def _poison(engine):
-    inner = engine.executor.execute
+class _FailingSchedule(Wrapped):
+    """A scheduler policy whose second ``schedule()`` raises: a defect outside the step guard."""
 
-    def execute(batch):
-        if (engine.table.top_k[batch.slots] == POISON_TOP_K).any():
-            raise RuntimeError("injected fault")
-        return inner(batch)
+    calls = 0
 
-    engine.executor.execute = execute
+    def schedule(self):
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("scheduler bug")
+        return self.inner.schedule()
+
+
+def _engine_wrapping(path, component, wrapper, **kw):
+    kw.setdefault("num_kv_blocks", 256)
+    kw.setdefault("max_num_seqs", 8)
+    assembly = EngineAssembly(detect_platform("cpu"))
+    assembly.wrap(component, lambda ctx, inner: wrapper(inner), by="test")
+    return assembly.build_engine(EngineConfig(model=str(path), dtype="float32", **kw))
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +168,7 @@ def test_invalid_request_admits_nothing(ckpt):
 
 def test_fault_inside_a_step_fails_only_the_requests_of_that_step(ckpt):
     async def main():
-        engine = _engine(ckpt, max_num_seqs=1)
-        _poison(engine)
+        engine = _engine_wrapping(ckpt, "executor", PoisonedExecutor, max_num_seqs=1)
         front, metrics = _front(engine)
         await front.start()
         bad = await front.generate([(0, "bad", [5, 6], SamplingParams(max_tokens=4, top_k=POISON_TOP_K))])
@@ -175,17 +186,7 @@ def test_fault_inside_a_step_fails_only_the_requests_of_that_step(ckpt):
 
 def test_fault_outside_the_engine_guard_is_contained(ckpt):
     async def main():
-        engine = _engine(ckpt)
-        real_step = engine.step
-        calls = {"n": 0}
-
-        def step():
-            calls["n"] += 1
-            if calls["n"] == 2:
-                raise RuntimeError("scheduler bug")
-            return real_step()
-
-        engine.step = step
+        engine = _engine_wrapping(ckpt, "scheduler", _FailingSchedule)
         front, metrics = _front(engine)
         await front.start()
         gen = await front.generate([(0, "a", [5, 6], SamplingParams(max_tokens=8, ignore_eos=True))])

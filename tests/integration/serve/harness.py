@@ -14,7 +14,6 @@ import threading
 
 from fastapi import APIRouter
 
-from rlt.platform.engine.executor import EagerExecutor
 from rlt.platform.features import Feature
 from rlt_server import serve
 from rlt_server.cli import build_parser
@@ -33,25 +32,26 @@ async def gate(action: str):
 
 
 class GatedExecutor:
-    def __init__(self, inner: EagerExecutor, table) -> None:
-        self.inner, self.table = inner, table
+    """Wraps the engine's executor (through the public assembly): waits on the gate, and fails a
+    step that runs a request with the poison top_k."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.exit_latency = inner.exit_latency
 
     def execute(self, batch):
         if not GATE.wait(60):
             GATE.set()
-        if (self.table.top_k[batch.slots] == POISON_TOP_K).any():
+        if any(r.request.params.top_k == POISON_TOP_K for r in batch.rows):
             raise RuntimeError("injected fault (test harness)")
         return self.inner.execute(batch)
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    def release(self, slot: int) -> None:
+        self.inner.release(slot)
 
 
 def _install(builder, options) -> None:
-    def factory(model, cache, attention, table, **kw):
-        return GatedExecutor(EagerExecutor(model, cache, attention, table, **kw), table)
-
-    builder.executor_factory = factory
+    builder.wrap("executor", lambda ctx, inner: GatedExecutor(inner))
     builder.http_routers.append(router)
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from rlt.platform.features import KNOWN_FEATURE_PACKAGES, Feature, discover_features
 from rlt.platform.platforms import Capability
-from rlt_server import serve
+from rlt_server import common, serve
 from rlt_server.cli import build_parser
 from rlt_server.common import run_guarded
 
@@ -95,7 +95,7 @@ def fake_npu(monkeypatch):
 def test_fake_npu_composes_only_what_the_npu_platform_declares(fake_npu, monkeypatch, capsys):
     calls: list[str] = []
     real = discover_features()
-    monkeypatch.setattr(serve, "discover_features", lambda: [*real, *_fake_features(calls)])
+    monkeypatch.setattr(common, "discover_features", lambda: [*real, *_fake_features(calls)])
     p = serve.plan(build_parser().parse_args(["serve", "--device", "npu"]))
     assert p.platform.name == "npu" and p.platform.capabilities == frozenset({Capability.HTTP_SERVING})
     rows = {s.name: s for s in p.table}
@@ -103,7 +103,7 @@ def test_fake_npu_composes_only_what_the_npu_platform_declares(fake_npu, monkeyp
     assert not rows["fake_graphs"].available and not rows["fake_graphs"].enabled
     assert rows["fake_graphs"].reason == "npu lacks graph_capture"
     assert calls == ["fake_portable"]  # the unavailable feature was never installed
-    assert p.builder.http_routers and "http" in p.builder.engine_options
+    assert p.assembly.http_routers and "http" in p.assembly.feature_options
     # a flag of the unavailable feature is refused with the reason
     with pytest.raises(SystemExit) as exc:
         serve.plan(build_parser().parse_args(["serve", "--device", "npu", "--fake-graphs"]))

@@ -1,58 +1,87 @@
-"""Flags shared by every subcommand, and the one place bad input becomes one line on stderr."""
+"""Flags shared by every subcommand (engine flags from EngineConfig, feature flags from the installed
+features), the composition every subcommand runs, and the one place bad input becomes one line on
+stderr."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, NoReturn
+from typing import Callable, Iterable, NoReturn
 
-from rlt.attention import KVLayout
-from rlt.platform.attention_select import ATTENTION_CHOICES
-from rlt.platform.config import EngineConfig
+import attrs
+
+from rlt.platform import config as config_mod
+from rlt.platform.config import EngineConfig, positive_int  # noqa: F401 - positive_int: for subcommands
+from rlt.platform.composition import CompositionPlan, plan_composition
 from rlt.platform.errors import RltError
-from rlt.platform.platforms import DEVICE_CHOICES, PlatformError
-
-
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+from rlt.platform.features import (
+    KNOWN_FEATURE_PACKAGES,
+    Feature,
+    add_feature_arguments,
+    discover_features,
+    feature_statuses,
+    options_from_args,
+)
+from rlt.platform.platforms import PlatformError, detect_platform
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="checkpoint directory (Hugging Face layout); default: the built-in demo model")
-    g.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
-    g.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-    g.add_argument("--attention-backend", default="auto", choices=ATTENTION_CHOICES)
-    g.add_argument("--kv-layout", default="last_exited", choices=[k.value for k in KVLayout])
-    g.add_argument("--block-size", type=positive_int, default=16)
-    g.add_argument("--num-kv-blocks", type=positive_int, default=None, help="KV pool size in blocks (default: from memory)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--kv-cache-memory-gib", type=float, default=None, help="KV budget on CPU (default 1 GiB)")
-    g.add_argument("--max-num-seqs", type=positive_int, default=256)
-    g.add_argument("--max-model-len", type=positive_int, default=None)
-    g.add_argument("--max-num-batched-tokens", type=positive_int, default=None)
-    g.add_argument("--num-loops", type=positive_int, default=None, help="depth planes / most loops per token (default: the model's)")
-    g.add_argument("--fixed-depth", action="store_true",
-                   help="no request may exit early (exit_threshold < 1 is rejected); lets FlashAttention serve "
-                        "the last_exited layout")
-    g.add_argument("--engine-seed", type=int, default=0, help="seeds the sampling of requests that give no seed")
+    """The engine flags, generated from :class:`EngineConfig` (one source of defaults)."""
+    config_mod.add_engine_arguments(p)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model, device=args.device, dtype=args.dtype, attention_backend=args.attention_backend,
-        kv_layout=args.kv_layout, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-        gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory_gib=args.kv_cache_memory_gib,
-        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-        max_num_batched_tokens=args.max_num_batched_tokens, num_loops=args.num_loops, seed=args.engine_seed,
-        fixed_depth=args.fixed_depth,
-    )
+    return config_mod.engine_config_from_args(args)
+
+
+class _AbsentFeature(argparse.Action):
+    """A switch of a known feature whose package is not installed: refuse it, saying what to install."""
+
+    def __init__(self, option_strings, dest, feature: str = "", package: str = "", **kwargs):
+        self.feature, self.package = feature, package
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: feature {self.feature} is not installed (pip install {self.package})")
+
+
+def add_feature_flags(p: argparse.ArgumentParser) -> None:
+    """Flags of every installed feature (generated from its options), and refusals for known ones
+    that are not installed."""
+    features = discover_features()
+    add_feature_arguments(p, features)
+    installed = {f.name for f in features}
+    for name, package in sorted(KNOWN_FEATURE_PACKAGES.items()):
+        if name not in installed:
+            flag = f"--{name}".replace("_", "-")
+            p.add_argument(flag, f"--no-{name}".replace("_", "-"), action=_AbsentFeature, feature=name,
+                           package=package, dest=f"absent__{name}")
+    p.set_defaults(installed_features=features)
+
+
+def _given_flags(feature: Feature, args: argparse.Namespace) -> list[str]:
+    ns = vars(args)
+    flags = []
+    if ns.get(f"feature__{feature.name}__enabled"):
+        flags.append(f"--{feature.name}".replace("_", "-"))
+    if feature.options is not None:
+        for field in attrs.fields(feature.options):
+            if ns.get(f"feature__{feature.name}__{field.name}") is not None:
+                flags.append(field.metadata.get("flag") or f"--{feature.name}-{field.name}".replace("_", "-"))
+    return flags
+
+
+def plan(args: argparse.Namespace, extra_features: Iterable[Feature] = ()) -> CompositionPlan:
+    """Detect the platform, refuse flags of unavailable features, install the available ones."""
+    platform = detect_platform(engine_config(args).device)
+    features = sorted([*getattr(args, "installed_features", ()), *extra_features], key=lambda f: f.name)
+    enabled, options = options_from_args(features, args)
+    for st, f in zip(feature_statuses(platform, features, enabled), features):
+        if not st.available:
+            given = _given_flags(f, args)
+            if given:
+                die(f"{given[0]}: feature {f.name} is installed but not available on this platform ({st.reason})")
+    return plan_composition(platform, features, enabled=enabled, options=options)
 
 
 def die(message: str) -> NoReturn:

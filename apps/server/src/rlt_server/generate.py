@@ -1,4 +1,8 @@
-"""``rlt-server generate``: offline generation, one JSON object per prompt on stdout, in order."""
+"""``rlt-server generate``: offline generation, one JSON object per prompt on stdout, in order.
+
+The engine is composed like ``serve``'s (installed features for the platform, the same flags);
+the feature table is logged (``--log-level info`` shows it on stderr; stdout stays JSON lines).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,13 @@ import json
 
 from rlt.platform.engine.llm import LLM
 from rlt.platform.sampling_params import SamplingParams
-from rlt_server.common import add_engine_arguments, die, engine_config, positive_int
+import logging
+
+from rlt.platform.composition import format_feature_table
+from rlt_server.common import add_engine_arguments, add_feature_flags, die, engine_config, plan, positive_int
+
+
+log = logging.getLogger("rlt.generate")
 
 
 def _token_ids(text: str) -> list[int]:
@@ -39,6 +49,9 @@ def add_parser(sub) -> None:
     g.add_argument("--min-loops", type=int, default=1)
     g.add_argument("--max-loops", type=int, default=None)
     g.add_argument("--exit-threshold", type=float, default=None)
+    p.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"),
+                   help="stderr log level; info shows the feature table (default: warning)")
+    add_feature_flags(p)
     p.set_defaults(run=run)
 
 
@@ -50,7 +63,11 @@ def run(args: argparse.Namespace) -> int:
         top_k=args.top_k, seed=args.request_seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
         min_loops=args.min_loops, max_loops=args.max_loops, exit_threshold=args.exit_threshold,
     )
-    llm = LLM.from_config(engine_config(args))
+    composition = plan(args)
+    llm = LLM.from_engine(composition.build_engine(engine_config(args)))
+    logging.getLogger().setLevel(args.log_level.upper())
+    for line in ["features:", *format_feature_table(llm.engine.features)]:
+        log.info("%s", line)
     prompts: list = []
     for text in args.prompt:
         if args.chat:

@@ -23,19 +23,9 @@ from typing import Any, Iterable, Sequence
 import attrs
 
 from rlt.platform.checkpoint.demo import DEMO_NAME
-from rlt.platform.features import (
-    KNOWN_FEATURE_PACKAGES,
-    EngineBuilder,
-    Feature,
-    FeatureStatus,
-    add_feature_arguments,
-    compose,
-    discover_features,
-    feature_statuses,
-    options_from_args,
-)
-from rlt.platform.platforms import Platform, detect_platform
-from rlt_server.common import add_engine_arguments, die, engine_config
+from rlt.platform.composition import format_feature_table
+from rlt.platform.features import Feature
+from rlt_server.common import add_engine_arguments, add_feature_flags, die, engine_config, plan
 
 INSTALL_HINT = ("rlt-server serve needs the rlt-serve package: pip install rlt-serve "
                 "(or pip install 'rlt-server[serve]'; with hatch: hatch run server:serve). "
@@ -53,17 +43,6 @@ def port_number(text: str) -> int:
     return v
 
 
-class _AbsentFeature(argparse.Action):
-    """A switch of a known feature whose package is not installed: refuse it, saying what to install."""
-
-    def __init__(self, option_strings, dest, feature: str = "", package: str = "", **kwargs):
-        self.feature, self.package = feature, package
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"{option_string}: feature {self.feature} is not installed (pip install {self.package})")
-
-
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs rlt-serve)",
                        description="Serve a looped model over an OpenAI-compatible HTTP API.")
@@ -75,54 +54,8 @@ def add_parser(sub) -> None:
                    help="model name(s) clients use; the first is reported (default: the --model string)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     g.add_argument("--access-log", action="store_true", help="log every HTTP request")
-    features = discover_features()
-    add_feature_arguments(p, features)
-    installed = {f.name for f in features}
-    for name, package in sorted(KNOWN_FEATURE_PACKAGES.items()):
-        if name not in installed:
-            flag = f"--{name}".replace("_", "-")
-            p.add_argument(flag, f"--no-{name}".replace("_", "-"), action=_AbsentFeature, feature=name,
-                           package=package, dest=f"absent__{name}")
-    p.set_defaults(run=run, serve_features=features)
-
-
-# -- composition ------------------------------------------------------------------------------------
-@attrs.frozen
-class Plan:
-    platform: Platform
-    builder: EngineBuilder
-    #: every installed feature, then every known feature that is not installed
-    table: tuple[FeatureStatus, ...]
-
-
-def _given_flags(feature: Feature, args: argparse.Namespace) -> list[str]:
-    ns = vars(args)
-    flags = []
-    if ns.get(f"feature__{feature.name}__enabled"):
-        flags.append(f"--{feature.name}".replace("_", "-"))
-    if feature.options is not None:
-        for field in attrs.fields(feature.options):
-            if ns.get(f"feature__{feature.name}__{field.name}") is not None:
-                flags.append(field.metadata.get("flag") or f"--{feature.name}-{field.name}".replace("_", "-"))
-    return flags
-
-
-def plan(args: argparse.Namespace, extra_features: Iterable[Feature] = ()) -> Plan:
-    """Detect the platform, refuse flags of unavailable features, install the available ones."""
-    platform = detect_platform(args.device)
-    features = sorted([*getattr(args, "serve_features", ()), *extra_features], key=lambda f: f.name)
-    enabled, options = options_from_args(features, args)
-    for st, f in zip(feature_statuses(platform, features, enabled), features):
-        if not st.available:
-            given = _given_flags(f, args)
-            if given:
-                die(f"{given[0]}: feature {f.name} is installed but not available on this platform ({st.reason})")
-    builder = EngineBuilder(platform)
-    statuses = compose(builder, features, enabled, options)
-    installed = {f.name for f in features}
-    absent = [FeatureStatus(name, package, False, False, False, f"not installed (pip install {package})")
-              for name, package in sorted(KNOWN_FEATURE_PACKAGES.items()) if name not in installed]
-    return Plan(platform, builder, tuple(statuses) + tuple(absent))
+    add_feature_flags(p)
+    p.set_defaults(run=run)
 
 
 def _require_http(p: Plan) -> None:
@@ -146,10 +79,6 @@ def _import_serve():
 
 
 # -- startup text ------------------------------------------------------------------------------------
-def _yes(v: bool) -> str:
-    return "yes" if v else "no"
-
-
 def describe(info: dict[str, Any]) -> str:
     plat, att, model, eng, srv = info["platform"], info["attention"], info["model"], info["engine"], info["server"]
     lines = [
@@ -167,12 +96,7 @@ def describe(info: dict[str, Any]) -> str:
         f"body limit {srv['max_body_bytes']} bytes",
         "features:",
     ]
-    rows = [("feature", "package", "installed", "available", "enabled", "why")]
-    rows += [(f["name"], f["package"], _yes(f["installed"]), _yes(f["available"]) if f["installed"] else "-",
-              _yes(f["enabled"]), f["reason"]) for f in info["features"]]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5])
+    lines += format_feature_table(info["features"])
     lines.append(f"listening: http://{srv['host']}:{srv['port']}  (OpenAI API under /v1; GET /v1/engine shows this)")
     return "\n".join(lines)
 
@@ -182,13 +106,14 @@ def run(args: argparse.Namespace, extra_features: Sequence[Feature] = ()) -> int
     server = _import_serve()
     p = plan(args, extra_features)
     _require_http(p)
-    engine = p.builder.build_engine(engine_config(args))
-    names = args.served_model_name or [args.model or DEMO_NAME]
-    options = p.builder.engine_options[HTTP_FEATURE]
+    config = engine_config(args)
+    engine = p.build_engine(config)
+    names = args.served_model_name or [config.model or DEMO_NAME]
+    options = p.assembly.feature_options[HTTP_FEATURE]
     state = server.build_state(engine, statuses=p.table, options=options, served_names=names,
                                host=args.host, port=args.port)
     print(describe(state.info), flush=True)
-    return server.serve(state, p.builder.http_routers, host=args.host, port=args.port, log_level=args.log_level,
+    return server.serve(state, p.assembly.http_routers, host=args.host, port=args.port, log_level=args.log_level,
                         access_log=args.access_log)
 
 

@@ -140,7 +140,7 @@ class EngineThread(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - a fault outside the engine's own guard: contain it
             self.thread_faults += 1
             message = f"engine fault: {type(exc).__name__}: {exc}"
-            running = [r.request_id for r in list(getattr(self.engine.scheduler, "running", ()))]
+            running = self.engine.running_request_ids()
             log.exception("engine step failed outside its guard; aborting %d running request(s)", len(running))
             outputs: list[RequestOutput] = []
             for rid in running:

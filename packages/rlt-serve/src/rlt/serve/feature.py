@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import attrs
 
-from rlt.platform.features import EngineBuilder, Feature
+from rlt.platform.features import Feature
 from rlt.platform.platforms import Capability
 
 
@@ -37,11 +37,12 @@ class HttpOptions:
         "help": "seconds in-flight requests may run after SIGINT/SIGTERM before they are aborted (default 10)"})
 
 
-def install(builder: EngineBuilder, options: HttpOptions) -> None:
+def install(builder, options: HttpOptions) -> None:
+    """``builder``: the engine assembly as this feature sees it; its options reach the server
+    through ``builder.feature_options["http"]`` (the composition records them)."""
     from rlt.serve.routes import router  # FastAPI is imported only when the feature is installed
 
     builder.http_routers.append(router)
-    builder.engine_options["http"] = options
     builder.notes.append("http: OpenAI-compatible API (rlt-serve)")
 
 

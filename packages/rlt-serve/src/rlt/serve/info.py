@@ -46,9 +46,10 @@ def engine_info(engine: LLMEngine, *, statuses: Iterable, served_names: list[str
         },
         "engine": {
             "kv_layout": cfg.kv_layout.value, "block_size": cfg.block_size,
-            "num_kv_blocks": engine.pool.allocator.num_blocks, "max_num_seqs": cfg.max_num_seqs,
+            "num_kv_blocks": engine.stats().num_kv_blocks, "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": engine.max_num_batched_tokens,
             "default_exit_threshold": float(engine.default_threshold), "fixed_depth": cfg.fixed_depth,
+            **engine.describe(),
         },
         "server": dict(server),
         "versions": {d: _version(d) for d in ("rlt-platform", "rlt-attention", "rlt-serve", "rlt-server")},

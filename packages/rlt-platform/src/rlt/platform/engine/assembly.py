@@ -123,10 +123,10 @@ class EngineAssembly:
                 f"the executor decides exits {parts.executor.exit_latency} step(s) late but the scheduler policy "
                 f"supports at most {parts.scheduler.supported_exit_latency}")
 
-    def build_engine(self, config):
+    def build_engine(self, config, **engine_kwargs):
         from rlt.platform.engine.engine import LLMEngine
 
-        return LLMEngine(config, platform=self.platform, assembly=self)
+        return LLMEngine(config, platform=self.platform, assembly=self, **engine_kwargs)
 
 
 @attrs.frozen(eq=False)

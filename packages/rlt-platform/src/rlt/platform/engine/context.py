@@ -10,7 +10,8 @@ from typing import Any, Mapping
 from rlt.attention import KVCache, KVLayout
 from rlt.platform.attention_select import build_attention, select_attention
 from rlt.platform.checkpoint.demo import demo_model_dir
-from rlt.platform.checkpoint.loader import load_checkpoint, read_config, resolve_dtype
+from rlt.platform.checkpoint.loader import load_checkpoint as _load_checkpoint
+from rlt.platform.checkpoint.loader import read_config, resolve_dtype
 from rlt.platform.checkpoint.tokenizer import RltTokenizer
 from rlt.platform.config import EngineConfig
 from rlt.platform.engine.interfaces import EngineContext, KVSpec
@@ -35,15 +36,15 @@ def attention_constraints(config: EngineConfig) -> dict[str, Any]:
     return {"block_size": config.block_size, "kv_layout": config.kv_layout, "adaptive_exit": not config.fixed_depth}
 
 
-def build_context(config: EngineConfig, platform: Platform, feature_options: Mapping[str, Any] | None = None
-                  ) -> EngineContext:
+def build_context(config: EngineConfig, platform: Platform, feature_options: Mapping[str, Any] | None = None,
+                  *, load_checkpoint=None) -> EngineContext:
     device = platform.device()
     if platform.name == "npu":
         platform.select_device(device.index or 0)
     model_dir = config.model or str(demo_model_dir())
     _root, _raw, family, model_cfg = read_config(model_dir)
     dtype = resolve_dtype(config.dtype, getattr(model_cfg, "torch_dtype", None))
-    ckpt = load_checkpoint(model_dir, dtype=dtype, device=device)
+    ckpt = (load_checkpoint or _load_checkpoint)(model_dir, dtype=dtype, device=device)
     tokenizer = RltTokenizer.from_dir(model_dir)
     model = ckpt.family.build_runtime(ckpt.config, ckpt.weights)
     shape = model.shape

@@ -46,13 +46,15 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, *, platform: Platform | None = None,
-                 assembly: EngineAssembly | None = None) -> None:
+                 assembly: EngineAssembly | None = None, load_checkpoint=None) -> None:
+        """``load_checkpoint``: the checkpoint loader to use (default
+        :func:`rlt.platform.checkpoint.loader.load_checkpoint`; benchmarks pass a caching one)."""
         platform = platform or detect_platform(config.device)
         assembly = assembly or EngineAssembly(platform)
         self.config = config
         self.platform = platform
         self.assembly = assembly
-        self.ctx = build_context(config, platform, assembly.feature_options)
+        self.ctx = build_context(config, platform, assembly.feature_options, load_checkpoint=load_checkpoint)
         assembly.build_parts(self.ctx)
         parts = self.ctx.parts
         self.core = EngineCore(self.ctx, OutputProcessor(self.ctx.eos_token_ids))

@@ -319,3 +319,20 @@ class StepObserver(Protocol):
     Must not modify either, and must be cheap: it runs on the engine thread."""
 
     def on_step(self, batch: Any, result: StepResult) -> None: ...
+
+
+class Wrapped:
+    """Base for a wrapper that changes a few methods of a component and delegates the rest.
+
+    ``class Counting(Wrapped): def schedule(self): ...`` then ``builder.wrap("scheduler",
+    lambda ctx, inner: Counting(inner))``. Attribute reads fall through to ``inner``; writes stay
+    on the wrapper.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (copy/pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)

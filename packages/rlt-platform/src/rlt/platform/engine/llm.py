@@ -43,6 +43,14 @@ class LLM:
         llm._init(config, features, use_features)
         return llm
 
+    @classmethod
+    def from_engine(cls, engine) -> "LLM":
+        """Wrap an engine that was composed elsewhere (``rlt-server generate``)."""
+        llm = cls.__new__(cls)
+        llm.engine = engine
+        llm._ids = itertools.count()
+        return llm
+
     def _init(self, config: EngineConfig, features, use_features: bool) -> None:
         from rlt.platform.composition import build_engine, format_feature_table
 

@@ -1,0 +1,31 @@
+"""Helpers shared by the rlt-serve tests (plain functions, no fixtures)."""
+
+from __future__ import annotations
+
+POISON_TOP_K = 317
+
+
+class PoisonedExecutor:
+    """Wraps the executor through the public assembly: a step running a request with
+    ``top_k == POISON_TOP_K`` fails, as an engine fault would."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.exit_latency = inner.exit_latency
+
+    def execute(self, batch):
+        if any(r.request.params.top_k == POISON_TOP_K for r in batch.rows):
+            raise RuntimeError("injected fault")
+        return self.inner.execute(batch)
+
+    def release(self, slot: int) -> None:
+        self.inner.release(slot)
+
+
+def poisoned_engine(config):
+    from rlt.platform.engine.assembly import EngineAssembly
+    from rlt.platform.platforms import detect_platform
+
+    assembly = EngineAssembly(detect_platform(config.device))
+    assembly.wrap("executor", lambda ctx, inner: PoisonedExecutor(inner), by="test")
+    return assembly.build_engine(config)
