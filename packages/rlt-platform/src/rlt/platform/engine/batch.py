@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from rlt.attention import AttentionMetadata, KVLayout
+from rlt.platform.engine.prompt_logprobs import Jobs, prompt_logprob_jobs
 from rlt.platform.engine.slots import SlotTable
 from rlt.platform.engine.staging import Staging
 from rlt.platform.kv import KVPool
@@ -37,6 +38,7 @@ class StepBatch:
     min_loops: torch.Tensor
     max_loops: torch.Tensor
     threshold: torch.Tensor  # τ, set to 2.0 for non-adaptive rows
+    prompt_logprobs: Jobs = attrs.field(factory=dict)  # prompt chunks that want prompt logprobs, by slot
 
     @property
     def num_rows(self) -> int:
@@ -109,4 +111,5 @@ def build_step_batch(requests, table: SlotTable, pool: KVPool, staging: Staging)
         row_last_token=dev["row_last_token"], row_token_start=cu[:-1], row_len=lens,
         fixed_exit=fixed_exit, adaptive=adaptive, samples=table.samples[slots],
         loop=dev["loop"], min_loops=dev["min_loops"], max_loops=dev["max_loops"], threshold=dev["threshold"],
+        prompt_logprobs=prompt_logprob_jobs(requests),
     )

@@ -24,6 +24,7 @@ from rlt.platform.checkpoint.loader import load_checkpoint, read_config, resolve
 from rlt.platform.checkpoint.tokenizer import IncrementalDetokenizer, RltTokenizer
 from rlt.platform.config import EngineConfig
 from rlt.platform.engine.batch import build_step_batch
+from rlt.platform.engine import prompt_logprobs
 from rlt.platform.engine.executor import EagerExecutor, StepResult
 from rlt.platform.engine.request import Request, RequestStatus
 from rlt.platform.engine.scheduler import Scheduler
@@ -166,6 +167,9 @@ class LLMEngine:
             raise InvalidRequestError(f"max_loops {max_loops} exceeds the engine's {self.num_loops} loops")
         if params.min_loops > max_loops:
             raise InvalidRequestError(f"min_loops {params.min_loops} exceeds max_loops {max_loops}")
+        if params.prompt_logprobs is not None and not getattr(self.executor, "supports_prompt_logprobs", False):
+            raise InvalidRequestError(f"prompt_logprobs: this engine's executor ({type(self.executor).__name__}) "
+                                      "cannot compute prompt logprobs; leave prompt_logprobs unset", "prompt_logprobs")
         bad_stop = [t for t in params.stop_token_ids if t >= vocab]
         if bad_stop:
             raise InvalidRequestError(f"stop_token_ids: {bad_stop[0]} is outside the vocabulary [0, {vocab})")
@@ -237,6 +241,7 @@ class LLMEngine:
         outputs = []
         for i, req in enumerate(rows):
             k = sampled.get(i)
+            prompt_logprobs.collect(req, result.prompt_logprobs.get(req.slot))
             if k is not None:
                 self._append_token(req, result, k, now)
             exited = bool(result.exited[i])
@@ -276,7 +281,7 @@ class LLMEngine:
             hits = [(pos, s) for pos, s in hits if pos >= 0]
             if hits:
                 pos, s = min(hits)
-                req.text = req.text[:pos]
+                req.text = req.text[:pos + len(s)] if req.params.include_stop_str_in_output else req.text[:pos]
                 req.stop_reason = s
                 self._finish(req, "stop")
                 return
@@ -318,6 +323,7 @@ class LLMEngine:
             new_text=new_text,
             metrics=RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, req.finished_time),
             error=req.error,
+            prompt_logprobs=prompt_logprobs.reported(req),
         )
 
 

@@ -16,6 +16,7 @@ import torch
 from rlt.attention import AttentionBackend, KVCache, KVLayout
 from rlt.platform.engine.batch import StepBatch
 from rlt.platform.engine.exit_policy import OuroGateExit
+from rlt.platform.engine.prompt_logprobs import prompt_logprobs_for_batch
 from rlt.platform.engine.sampler import build_sampling_batch, sample
 from rlt.platform.engine.slots import SlotTable
 from rlt.platform.engine.staging import Staging
@@ -30,6 +31,8 @@ class StepResult:
     logprobs: np.ndarray | None
     top_ids: np.ndarray | None
     top_logprobs: np.ndarray | None
+    #: slot -> prompt logprob entries of the prompt chunk that exited this step (see prompt_logprobs.py)
+    prompt_logprobs: dict = attrs.field(factory=dict)
 
 
 class CompletedStep:
@@ -46,6 +49,9 @@ class CompletedStep:
 
 
 class EagerExecutor:
+    #: computes prompt logprobs when a prompt chunk exits (the engine rejects them otherwise)
+    supports_prompt_logprobs = True
+
     def __init__(
         self,
         model: LoopedModel,
@@ -114,9 +120,10 @@ class EagerExecutor:
         else:
             exited = b.fixed_exit.copy()
 
+        plp = prompt_logprobs_for_batch(self.model, h, b.slots, b.row_token_start, exited, b.prompt_logprobs)
         rows = np.nonzero(exited & b.samples)[0]
         if len(rows) == 0:
-            return CompletedStep(StepResult(exited, rows, np.zeros(0, np.int64), None, None, None))
+            return CompletedStep(StepResult(exited, rows, np.zeros(0, np.int64), None, None, None, plp))
         if len(rows) == b.num_rows:
             logits = self.model.coda(last)
         else:
@@ -125,4 +132,4 @@ class EagerExecutor:
         out = sample(logits, sb)
         host = lambda t: None if t is None else t.cpu().numpy()  # noqa: E731
         return CompletedStep(StepResult(exited, rows, host(out.token_ids), host(out.logprobs),
-                                        host(out.top_ids), host(out.top_logprobs)))
+                                        host(out.top_ids), host(out.top_logprobs), plp))
