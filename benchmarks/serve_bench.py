@@ -93,7 +93,7 @@ def arrival_times(n: int, rate: float, burstiness: float, rng: random.Random) ->
 
 def make_prompts(args: argparse.Namespace, rng: random.Random) -> list[str]:
     if args.prompt_file:
-        lines = [ln for ln in Path(args.prompt_file).read_text().splitlines() if ln.strip()]
+        lines = [ln.rstrip("\r") for ln in Path(args.prompt_file).read_text().split("\n") if ln.strip()]
         if not lines:
             raise SystemExit(f"{args.prompt_file}: no prompts")
         return [lines[i % len(lines)] for i in range(args.num_prompts)]
