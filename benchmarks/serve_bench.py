@@ -6,10 +6,14 @@ schedule is rescaled so the last arrival lands at num_prompts / rate, as vLLM do
 once (``--request-rate inf``), optionally capped at ``--max-concurrency`` requests in flight.
 Every request streams (SSE) with ``stream_options.include_usage``.
 
-Per request: TTFT = send -> first chunk with content; ITL = gaps between successive content
-chunks; E2EL = send -> last chunk; output tokens = the server's ``usage.completion_tokens`` when
-sent, else the number of content chunks; TPOT = (E2EL - TTFT) / (output tokens - 1), for requests
-with more than one output token. Aggregates: mean, median, std and the chosen percentiles
+Per request, with ``vllm bench serve``'s definitions: every SSE chunk that has choices is timed,
+whether or not it carries text (a token may decode to nothing; chat's first chunk carries only the
+role): TTFT = send -> first such chunk; ITL = gaps between successive such chunks; E2EL = send ->
+the last such chunk; output tokens = the server's ``usage.completion_tokens`` when sent, else the
+number of such chunks; TPOT = (E2EL - TTFT) / (output tokens - 1), for requests with more than one
+output token. How many timed chunks carried no text is reported too (``empty_chunks``). The stream
+is split into lines on ``\n`` only, as SSE is framed (not on U+2028 and friends, which
+``str.splitlines`` and httpx's ``aiter_lines`` also break on). Aggregates: mean, median, std and the chosen percentiles
 (default 50, 95, 99) of TTFT / TPOT / ITL (pooled over all gaps) / E2EL in ms; request, output
 and total token throughput over the benchmark's duration; peak concurrent requests.
 
@@ -35,7 +39,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, AsyncIterator, Sequence
 
 import httpx
 
@@ -52,6 +56,8 @@ class RequestResult:
     ttft: float = 0.0
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
+    #: timed chunks (with choices) whose text was empty
+    empty_chunks: int = 0
     start: float = 0.0
     end: float = 0.0
     error: str = ""
@@ -87,7 +93,7 @@ def arrival_times(n: int, rate: float, burstiness: float, rng: random.Random) ->
 
 def make_prompts(args: argparse.Namespace, rng: random.Random) -> list[str]:
     if args.prompt_file:
-        lines = [ln for ln in Path(args.prompt_file).read_text().splitlines() if ln.strip()]
+        lines = [ln.rstrip("\r") for ln in Path(args.prompt_file).read_text().split("\n") if ln.strip()]
         if not lines:
             raise SystemExit(f"{args.prompt_file}: no prompts")
         return [lines[i % len(lines)] for i in range(args.num_prompts)]
@@ -111,9 +117,25 @@ def request_body(args: argparse.Namespace, model: str, prompt: str, chat: bool) 
     return body
 
 
+#: the benchmark's clock (a test replaces it to script chunk timings)
+clock = time.perf_counter
+
+
+async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
+    """The ``data:`` payloads of an SSE stream, lines split on ``\n`` only (``\r`` stripped)."""
+    buf = ""
+    async for text in response.aiter_text():
+        *lines, buf = (buf + text).split("\n")
+        for line in lines:
+            if line.startswith("data:"):
+                yield line[len("data:"):].strip()
+    if buf.startswith("data:"):
+        yield buf[len("data:"):].strip()
+
+
 async def one_request(client: httpx.AsyncClient, url: str, body: dict, chat: bool, timeout: float) -> RequestResult:
     res = RequestResult()
-    res.start = time.perf_counter()
+    res.start = clock()
     last = res.start
     chunks = 0
     try:
@@ -121,12 +143,10 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, chat: boo
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:300]}"
                 return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:"):].strip()
+            async for data in sse_data(r):
                 if data == "[DONE]":
                     break
+                now = clock()
                 msg = json.loads(data)
                 if "error" in msg:
                     res.error = f"in-band error: {msg['error']}"
@@ -135,18 +155,23 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, chat: boo
                     res.prompt_tokens = msg["usage"].get("prompt_tokens")
                     if msg["usage"].get("completion_tokens") is not None:
                         res.output_tokens = msg["usage"]["completion_tokens"]
-                for c in msg.get("choices") or ():
-                    piece = (c.get("delta") or {}).get("content") if chat else c.get("text")
-                    if piece:
-                        now = time.perf_counter()
-                        if chunks == 0:
-                            res.ttft = now - res.start
-                        else:
-                            res.itl.append(now - last)
-                        last = now
-                        chunks += 1
-        res.end = time.perf_counter()
-        res.latency = last - res.start if chunks else res.end - res.start
+                choices = msg.get("choices")
+                if not choices:
+                    continue
+                if chunks == 0:
+                    res.ttft = now - res.start
+                else:
+                    res.itl.append(now - last)
+                last = now
+                chunks += 1
+                c = choices[0]
+                if not ((c.get("delta") or {}).get("content") if chat else c.get("text")):
+                    res.empty_chunks += 1
+        if chunks == 0:
+            res.error = "no chunk with choices arrived: TTFT cannot be measured"
+            return res
+        res.end = clock()
+        res.latency = last - res.start
         if res.output_tokens == 0:
             res.output_tokens = chunks
         res.ok = True
@@ -227,6 +252,7 @@ def summarize(args: argparse.Namespace, model: str, results: Sequence[RequestRes
         "output_throughput": total_out / duration if duration > 0 else 0.0,
         "total_token_throughput": (total_in + total_out) / duration if duration > 0 else 0.0,
         "max_concurrent_requests": peak_concurrency(results),
+        "empty_chunks": sum(r.empty_chunks for r in ok),
         "ttft_ms": _stats([r.ttft for r in ok], pct), "tpot_ms": _stats(tpots, pct),
         "itl_ms": _stats([g for r in ok for g in r.itl], pct), "e2el_ms": _stats([r.latency for r in ok], pct),
     }
@@ -239,7 +265,8 @@ def render(s: dict[str, Any]) -> str:
             ("Request throughput (req/s)", f"{s['request_throughput']:.2f}"),
             ("Output token throughput (tok/s)", f"{s['output_throughput']:.2f}"),
             ("Total token throughput (tok/s)", f"{s['total_token_throughput']:.2f}"),
-            ("Peak concurrent requests", s["max_concurrent_requests"])]
+            ("Peak concurrent requests", s["max_concurrent_requests"]),
+            ("Timed chunks without text", s["empty_chunks"])]
     for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2EL")):
         for stat, v in s[key].items():
             rows.append((f"{stat.capitalize() if not stat.startswith('p') else stat.upper()} {name} (ms)", f"{v:.2f}"))

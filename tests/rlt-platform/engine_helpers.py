@@ -1,5 +1,7 @@
 """Helpers shared by the rlt-platform engine tests (not fixtures: plain functions)."""
 
+from rlt.platform.engine.interfaces import Wrapped
+
 
 def drain(engine) -> dict:
     """Step ``engine`` until idle; the finished outputs by request id."""
@@ -11,23 +13,17 @@ def drain(engine) -> dict:
     return done
 
 
-class FaultyExecutor:
+class FaultyExecutor(Wrapped):
     """An executor wrapper (installed through the public assembly) that fails while armed."""
 
     def __init__(self, inner, message: str = "injected device fault") -> None:
-        self.inner, self.message, self.armed = inner, message, False
-
-    @property
-    def exit_latency(self) -> int:
-        return self.inner.exit_latency
+        super().__init__(inner)
+        self.message, self.armed = message, False
 
     def execute(self, batch):
         if self.armed:
             raise RuntimeError(self.message)
         return self.inner.execute(batch)
-
-    def release(self, slot: int) -> None:
-        self.inner.release(slot)
 
 
 def engine_with_faults(config):

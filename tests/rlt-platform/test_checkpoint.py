@@ -37,6 +37,14 @@ def test_dtype_field_spellings_and_auto_map_ignored(tmp_path):
     assert _greedy(a) == _greedy(b)  # dtype "auto" resolves to float32 from either field
 
 
+def test_demo_model_has_no_auto_map(tmp_path, monkeypatch):
+    from rlt.platform.checkpoint.demo import demo_model_dir
+
+    monkeypatch.setenv("RLT_DEMO_DIR", str(tmp_path / "demo"))
+    raw = json.loads((demo_model_dir() / "config.json").read_text())
+    assert "auto_map" not in raw and raw["model_type"] == "ouro"
+
+
 @pytest.mark.parametrize("dtype,torch_dtype", [("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16)])
 def test_dtypes(tiny_checkpoint, dtype, torch_dtype):
     ck = load_checkpoint(tiny_checkpoint(seed=5), dtype=torch_dtype)

@@ -122,6 +122,10 @@ def test_stop_string_truncates_text(tiny_checkpoint):
     out = _run(eng, [("s", "Hello world", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop=[stop]))])["s"]
     assert out.finish_reason == "stop" and out.stop_reason == stop
     assert out.text == base.text[: base.text.find(stop)]
+    kept = _run(eng, [("k", "Hello world", SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop=[stop],
+                                                          include_stop_str_in_output=True))])["k"]
+    assert kept.finish_reason == "stop" and kept.stop_reason == stop
+    assert kept.text == base.text[: base.text.find(stop) + len(stop)] and kept.token_ids == out.token_ids
 
 
 def test_logprobs_of_chosen_token_and_top(tiny_checkpoint):

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
+from rlt.platform.engine.interfaces import Wrapped
+
 POISON_TOP_K = 317
 
 
-class PoisonedExecutor:
+class PoisonedExecutor(Wrapped):
     """Wraps the executor through the public assembly: a step running a request with
     ``top_k == POISON_TOP_K`` fails, as an engine fault would."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.exit_latency = inner.exit_latency
 
     def execute(self, batch):
         if any(r.request.params.top_k == POISON_TOP_K for r in batch.rows):
             raise RuntimeError("injected fault")
         return self.inner.execute(batch)
-
-    def release(self, slot: int) -> None:
-        self.inner.release(slot)
 
 
 def poisoned_engine(config):

@@ -14,6 +14,7 @@ import threading
 
 from fastapi import APIRouter
 
+from rlt.platform.engine.interfaces import Wrapped
 from rlt.platform.features import Feature
 from rlt_server import serve
 from rlt_server.cli import build_parser
@@ -31,13 +32,9 @@ async def gate(action: str):
     return {"open": GATE.is_set()}
 
 
-class GatedExecutor:
+class GatedExecutor(Wrapped):
     """Wraps the engine's executor (through the public assembly): waits on the gate, and fails a
     step that runs a request with the poison top_k."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.exit_latency = inner.exit_latency
 
     def execute(self, batch):
         if not GATE.wait(60):
@@ -45,9 +42,6 @@ class GatedExecutor:
         if any(r.request.params.top_k == POISON_TOP_K for r in batch.rows):
             raise RuntimeError("injected fault (test harness)")
         return self.inner.execute(batch)
-
-    def release(self, slot: int) -> None:
-        self.inner.release(slot)
 
 
 def _install(builder, options) -> None:

@@ -4,6 +4,7 @@ asserts — only counts, shapes and orderings that hold for any timing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import random
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -74,3 +76,74 @@ def test_failures_are_reported(tiny_server, tmp_path):
     assert r.returncode == 1
     s = json.loads(out.read_text())
     assert s["failed"] == 2 and "HTTP 404" in s["errors"][0]
+
+
+class _ScriptedStream(httpx.AsyncByteStream):
+    """SSE bytes of a scripted server: before each piece, the fake clock advances by its delay."""
+
+    def __init__(self, clock, script):
+        self.clock, self.script = clock, script
+
+    async def __aiter__(self):
+        for delay, raw in self.script:
+            self.clock.t += delay
+            yield raw
+
+
+class _Clock:
+    t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _event(payload) -> bytes:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_metrics_follow_vllm_bench_serve_definitions(monkeypatch, chat):
+    """Known chunk timings in, vLLM's TTFT / ITL / E2EL / TPOT out: every chunk with choices is timed
+    (empty text included, raw U+2028 in a string included), the usage chunk is not."""
+    clock = _Clock()
+    monkeypatch.setattr(serve_bench, "clock", clock)
+
+    def choice(text):
+        return {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+
+    first = _event({"choices": [choice("")]})  # chat's role chunk / a token that decodes to nothing
+    tail = _event({"choices": [choice("b\u2028c")]})
+    script = [(0.25, first), (0.5, _event({"choices": [choice("a")]})), (0.125, _event({"choices": [choice("")]})),
+              (0.0625, tail[:9]), (0.0, tail[9:]),  # one event split across reads
+              (1.0, _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5}})),
+              (0.0, b"data: [DONE]\n\n")]
+    transport = httpx.MockTransport(lambda req: httpx.Response(200, stream=_ScriptedStream(clock, script)))
+
+    async def go():
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await serve_bench.one_request(client, "http://fake/v1/x", {}, chat, 10.0)
+
+    res = asyncio.run(go())
+    assert res.ok and res.error == ""
+    assert res.ttft == 0.25 and res.itl == [0.5, 0.125, 0.0625]
+    assert res.latency == 0.9375  # the last chunk with choices, not the usage chunk
+    assert res.output_tokens == 5 and res.prompt_tokens == 3 and res.empty_chunks == 2
+    args = serve_bench.parse_args(["--percentiles", "50"])
+    s = serve_bench.summarize(args, "m", [res], 2.0)
+    assert s["tpot_ms"]["mean"] == pytest.approx((0.9375 - 0.25) / 4 * 1000)
+    assert s["itl_ms"]["mean"] == pytest.approx((0.5 + 0.125 + 0.0625) / 3 * 1000)
+    assert s["ttft_ms"]["p50"] == pytest.approx(250.0) and s["empty_chunks"] == 2
+
+
+def test_a_stream_without_choices_is_a_failure(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(serve_bench, "clock", clock)
+    script = [(0.1, _event({"choices": [], "usage": {"completion_tokens": 0}})), (0.0, b"data: [DONE]\n\n")]
+    transport = httpx.MockTransport(lambda req: httpx.Response(200, stream=_ScriptedStream(clock, script)))
+
+    async def go():
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await serve_bench.one_request(client, "http://fake/v1/x", {}, False, 10.0)
+
+    res = asyncio.run(go())
+    assert not res.ok and "TTFT" in res.error

@@ -4,6 +4,11 @@ loop controls and exit depths — each compared with offline generation on the s
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
@@ -12,6 +17,8 @@ from rlt.platform import EngineConfig, SamplingParams
 from rlt.platform.engine.llm import LLM
 
 from conftest import TINY_ENGINE
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +34,33 @@ def offline(tiny_model):
 def test_models(client):
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny"] and models.data[0].owned_by == "rlt"
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+
+
+#: characters that str.splitlines and httpx's aiter_lines treat as line breaks
+LINE_BREAKS = "a\u2028b\u2029c\u0085d"
+
+
+def test_streamed_line_separators_parse_in_every_client(client, tiny_server, tmp_path):
+    body = {"model": "tiny", "prompt": LINE_BREAKS, "max_tokens": 2, "echo": True, "stream": True}
+    with httpx.stream("POST", f"{tiny_server.url}/v1/completions", json=body, timeout=60) as r:
+        events = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    texts = [c["text"] for e in events[:-1] for c in json.loads(e)["choices"]]
+    assert "".join(texts).startswith(LINE_BREAKS)
+    stream = client.completions.create(model="tiny", prompt=LINE_BREAKS, max_tokens=2, echo=True, stream=True)
+    assert "".join(c.choices[0].text for c in stream if c.choices).startswith(LINE_BREAKS)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(LINE_BREAKS + "\n")
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "serve_bench.py"), "--base-url", tiny_server.url,
+                        "--prompt-file", str(prompts), "--num-prompts", "2", "--output-len", "2",
+                        "--extra-body", '{"echo": true}', "--result-file", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(out.read_text())["completed"] == 2
 
 
 def test_completion_matches_offline_and_counts_usage(client, offline):
@@ -134,9 +168,10 @@ def test_logprobs_and_echo(client):
     c = r.choices[0]
     assert c.text.startswith("Hello")
     lp = c.logprobs
-    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 3
-    assert all(v <= 0 for v in lp.token_logprobs) and all(len(t) >= 2 for t in lp.top_logprobs)
-    assert lp.text_offset[0] == len("Hello")
+    n = r.usage.prompt_tokens + 3  # echo: the prompt's tokens too, as vLLM returns them
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and lp.text_offset[0] == 0
+    assert all(v <= 0 for v in lp.token_logprobs[1:]) and all(len(t) >= 2 for t in lp.top_logprobs[1:])
     chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=2,
                                           logprobs=True, top_logprobs=3)
     content = chat.choices[0].logprobs.content

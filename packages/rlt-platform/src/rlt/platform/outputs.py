@@ -11,6 +11,8 @@ class TokenLogprob:
     logprob: float
     #: top alternatives as (token id, logprob), best first; empty unless requested.
     top: tuple[tuple[int, float], ...] = ()
+    #: 1-based rank of ``token_id`` in the distribution (1 = the argmax); None where not computed.
+    rank: int | None = None
 
 
 @attrs.frozen
@@ -51,6 +53,9 @@ class RequestOutput:
     metrics: RequestMetrics
     #: set when the request was aborted by an engine fault, with its message.
     error: str | None = None
+    #: when ``prompt_logprobs`` was asked: one entry per prompt token, the first None (nothing
+    #: predicts it); the same tuple on every output from the first on. None otherwise.
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
     @property
     def usage(self) -> Usage:

@@ -46,7 +46,11 @@ class SamplingParams:
     priority: int = 0
     #: None: no logprobs; 0: the chosen token's logprob; k: also the top-k alternatives.
     logprobs: int | None = None
+    #: None: no prompt logprobs; 0: each prompt token's own logprob; k: also the top-k alternatives.
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    #: keep the stop string that ended the request at the end of the text (vLLM's option).
+    include_stop_str_in_output: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
@@ -80,6 +84,12 @@ class SamplingParams:
             _fail("priority", f"must be an integer, got {self.priority!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             _fail("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and (
+            not _is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS
+        ):
+            _fail("prompt_logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs!r}")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            _fail("include_stop_str_in_output", f"must be a boolean, got {self.include_stop_str_in_output!r}")
 
     @property
     def greedy(self) -> bool:

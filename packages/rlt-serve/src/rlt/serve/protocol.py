@@ -71,7 +71,7 @@ def normalize_prompt(value: Any) -> tuple[list[PromptItem], bool]:
 #: Fields rlt accepts only at these values (OpenAI / vLLM defaults).
 NEUTRAL_VALUES: dict[str, tuple] = {
     "frequency_penalty": (None, 0.0), "presence_penalty": (None, 0.0), "repetition_penalty": (None, 1.0),
-    "min_p": (None, 0.0), "use_beam_search": (False,), "include_stop_str_in_output": (False,),
+    "min_p": (None, 0.0), "use_beam_search": (False,),
 }
 
 
@@ -99,6 +99,9 @@ class SamplingFields(_Body):
     exit_threshold: float | None = None
     #: rlt/vLLM extension: return generated (and prompt) token ids in each choice
     return_token_ids: bool = False
+    #: vLLM extension: the logprob of every prompt token (the first is null), plus the top-k
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool = False
     user: str | None = None
     # accepted only at their neutral values
     frequency_penalty: float | None = None
@@ -108,7 +111,6 @@ class SamplingFields(_Body):
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
     use_beam_search: bool = False
-    include_stop_str_in_output: bool = False
     response_format: dict[str, Any] | None = None
 
     def check_supported(self, max_n: int) -> None:
@@ -127,6 +129,8 @@ class SamplingFields(_Body):
             raise BadRequest(f"n: must be an integer in [1, {max_n}], got {self.n}", "n")
         if self.stream_options is not None and not self.stream:
             raise BadRequest("stream_options: only allowed when stream is true", "stream_options")
+        if self.prompt_logprobs is not None and self.stream:
+            raise BadRequest("prompt_logprobs: not available when stream is true (as in vLLM)", "prompt_logprobs")
 
     @property
     def include_usage(self) -> bool:
@@ -136,8 +140,12 @@ class SamplingFields(_Body):
     def continuous_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """The engine's parameters; out-of-range values raise :class:`InvalidRequestError` (-> 400)."""
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
+        """The engine's parameters; out-of-range values raise :class:`InvalidRequestError` (-> 400).
+
+        ``prompt_logprobs`` is what the engine computes: the request's own field, or more where the
+        endpoint needs them (completions' ``echo`` with ``logprobs``)."""
         stop = self.stop if self.stop is not None else ()
         kwargs: dict[str, Any] = dict(
             max_tokens=max_tokens, min_tokens=self.min_tokens,
@@ -146,7 +154,9 @@ class SamplingFields(_Body):
             top_k=0 if self.top_k is None else self.top_k,
             seed=self.seed, stop=stop, stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos, priority=self.priority, logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
             min_loops=1 if self.min_loops is None else self.min_loops,
             max_loops=self.max_loops, exit_threshold=self.exit_threshold,
         )
@@ -187,8 +197,16 @@ class CompletionRequest(SamplingFields):
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise BadRequest(f"logprobs: must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs}", "logprobs")
 
+    @property
+    def echo_logprobs(self) -> bool:
+        """``echo`` with ``logprobs``: the prompt's tokens come back with their logprobs (vLLM)."""
+        return self.echo and self.logprobs is not None
+
     def to_params(self) -> SamplingParams:
-        return self.sampling_params(self.max_tokens, self.logprobs)
+        prompt_logprobs = None
+        if self.echo_logprobs:
+            prompt_logprobs = max(self.logprobs, self.prompt_logprobs or 0)
+        return self.sampling_params(self.max_tokens, self.logprobs, prompt_logprobs)
 
 
 class TextPart(_Body):

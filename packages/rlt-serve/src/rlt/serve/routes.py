@@ -1,7 +1,8 @@
 """The HTTP routes (one FastAPI router, installed by the ``http`` feature).
 
-OpenAI-compatible: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``.
-Operations: ``GET /health`` (200 while the engine thread runs, 503 otherwise; the body names the
+OpenAI-compatible: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /v1/models/{id}``. vLLM's ``GET /tokenizer_info`` (special tokens, maximum length, chat
+template: what lm-eval's ``tokenizer_backend=remote`` reads). Operations: ``GET /health`` (200 while the engine thread runs, 503 otherwise; the body names the
 attention backend and why it was chosen), ``GET /metrics`` (Prometheus), ``GET /version``,
 ``POST /tokenize``, ``POST /detokenize``, and rlt's ``GET /v1/engine`` (platform, attention
 backend, feature table, engine configuration and live stats — what the server printed at
@@ -36,12 +37,27 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     return await create_chat_completion(_state(request), body, request)
 
 
+def _card(s: ServerState, name: str) -> dict:
+    return {"id": name, "object": "model", "created": s.created, "owned_by": "rlt", "root": s.model_root,
+            "parent": None, "max_model_len": s.max_model_len, "permission": []}
+
+
 @router.get("/v1/models")
 async def models(request: Request) -> JSONResponse:
     s = _state(request)
-    cards = [{"id": name, "object": "model", "created": s.created, "owned_by": "rlt", "root": s.model_root,
-              "parent": None, "max_model_len": s.max_model_len, "permission": []} for name in s.served_names]
-    return JSONResponse({"object": "list", "data": cards})
+    return JSONResponse({"object": "list", "data": [_card(s, name) for name in s.served_names]})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, request: Request) -> JSONResponse:
+    s = _state(request)
+    return JSONResponse(_card(s, s.check_model(model_id)))
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request) -> JSONResponse:
+    s = _state(request)
+    return JSONResponse({**s.tokenizer.describe(), "model_max_length": s.max_model_len, "name_or_path": s.model_name})
 
 
 @router.get("/health")

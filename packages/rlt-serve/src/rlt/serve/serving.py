@@ -8,6 +8,12 @@ engine's outputs to OpenAI responses — one JSON body, or SSE chunks ending wit
 - rlt's extension: every choice (and every streamed choice delta) carries
   ``"rlt": {"exit_depths": [...]}``, the loops run for each generated token it reports;
   ``return_token_ids: true`` adds ``token_ids`` (and ``prompt_token_ids``) to each choice.
+- Prompt logprobs: completions' ``echo`` with ``logprobs`` returns an entry for every prompt token
+  (the first one null) ahead of the generated ones, with ``text_offset`` from the prompt's start, as
+  vLLM does; the ``prompt_logprobs`` extension adds vLLM's ``prompt_logprobs`` list (per choice in
+  completions, per response in chat).
+- SSE ``data:`` lines escape U+2028, U+2029 and U+0085 (valid JSON either way, but line-splitting
+  clients such as httpx's ``aiter_lines`` would cut a raw one).
 - Streaming holds back the last ``len(longest stop string) - 1`` characters until the request
   ends, so a stop string split across tokens is never partly sent.
 - A client that goes away cancels its handler; every unfinished engine request of it is aborted,
@@ -36,24 +42,35 @@ from rlt.serve.state import ServerState
 
 DONE = "data: [DONE]\n\n"
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+#: characters some line splitters (str.splitlines, httpx) treat as line breaks: sent \u-escaped
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\u0085": "\\u0085"})
 
 
 def sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    body = json.dumps(payload, ensure_ascii=False, separators=(',', ':')).translate(_LINE_BREAKS)
+    return f"data: {body}\n\n"
 
 
 def _finite(x: float) -> float:
     return x if math.isfinite(x) else -9999.0
 
 
+def echo_entries(prompt_ids: list[int], out: RequestOutput) -> list[TokenLogprob | int]:
+    """The prompt's logprob entries for ``echo``: a bare token id first (nothing predicts it)."""
+    if out.prompt_logprobs is None or len(out.prompt_logprobs) != len(prompt_ids):
+        raise EngineFault("the engine returned no prompt logprobs for a request that asked for them")
+    return [prompt_ids[0], *out.prompt_logprobs[1:]]
+
+
 class ChoiceStream:
     """Turns one choice's cumulative engine outputs into deltas (what was not yet sent)."""
 
-    def __init__(self, index: int, prompt_ids: list[int], prefix: str, hold: int) -> None:
+    def __init__(self, index: int, prompt_ids: list[int], prefix: str, hold: int, echo_logprobs: bool = False) -> None:
         self.index = index
         self.prompt_ids = prompt_ids
         self.prefix = prefix
         self.hold = hold
+        self.echo_logprobs = echo_logprobs
         self.sent_text = 0
         self.sent_tokens = 0
         self.started = False
@@ -67,13 +84,16 @@ class ChoiceStream:
         start = self.sent_tokens
         self.sent_tokens = len(out.token_ids)
         first = not self.started
+        logprobs = list(out.logprobs[start:]) if out.logprobs is not None else None
         if first:
             piece = self.prefix + piece
             self.started = True
+            if self.echo_logprobs:
+                logprobs = echo_entries(self.prompt_ids, out) + (logprobs or [])
         return {
             "first": first, "text": piece, "token_ids": list(out.token_ids[start:]),
             "exit_depths": list(out.exit_depths[start:]),
-            "logprobs": list(out.logprobs[start:]) if out.logprobs is not None else None,
+            "logprobs": logprobs,
             "finished": out.finished, "finish_reason": out.finish_reason, "stop_reason": out.stop_reason,
             "completion_tokens": len(out.token_ids),
         }
@@ -98,6 +118,20 @@ class _Format:
     def logprobs(self, index: int, lps: list[TokenLogprob] | None, top_n: int) -> dict[str, Any] | None:
         raise NotImplementedError
 
+    def prompt_logprobs(self, entries, top_n: int) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs``: per prompt token ``{id: {logprob, rank, decoded_token}}``, first null."""
+        tok = self.state.token_str
+        out: list[dict[str, Any] | None] = [None]
+        for e in entries[1:]:
+            d = {str(e.token_id): {"logprob": _finite(e.logprob), "rank": e.rank, "decoded_token": tok(e.token_id)}}
+            for rank, (tid, v) in enumerate(e.top[:top_n], 1):
+                d.setdefault(str(tid), {"logprob": _finite(v), "rank": rank, "decoded_token": tok(tid)})
+            out.append(d)
+        return out
+
+    def attach_prompt_logprobs(self, payload: dict, choice: dict, value: list) -> None:
+        choice["prompt_logprobs"] = value
+
     def choice(self, index: int, text: str, out: RequestOutput, lps, with_ids: bool, prompt_ids) -> dict:
         raise NotImplementedError
 
@@ -119,16 +153,20 @@ class CompletionFormat(_Format):
         tok = self.state.token_str
         offset = self.offsets.get(index, 0)
         tokens, token_lps, tops, offsets = [], [], [], []
-        for lp in lps:
-            s = tok(lp.token_id)
+        for lp in lps:  # a bare int: a token without a logprob (the echoed prompt's first)
+            s = tok(lp if isinstance(lp, int) else lp.token_id)
             tokens.append(s)
-            token_lps.append(_finite(lp.logprob))
-            top = {s: _finite(lp.logprob)}
-            for tid, v in lp.top:
-                top.setdefault(tok(tid), _finite(v))
-            tops.append(top)
             offsets.append(offset)
             offset += len(s)
+            if isinstance(lp, int):
+                token_lps.append(None)
+                tops.append(None)
+                continue
+            token_lps.append(_finite(lp.logprob))
+            top = {s: _finite(lp.logprob)}
+            for tid, v in lp.top[:top_n]:
+                top.setdefault(tok(tid), _finite(v))
+            tops.append(top)
         self.offsets[index] = offset
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
@@ -176,6 +214,9 @@ class ChatFormat(CompletionFormat):
              "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
         return self._ext(c, out.exit_depths, out.token_ids, with_ids, prompt_ids)
 
+    def attach_prompt_logprobs(self, payload, choice, value):
+        payload.setdefault("prompt_logprobs", value)  # chat: one prompt, reported per response (vLLM)
+
     def opening(self, indices):
         return [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                  "finish_reason": None} for i in indices]
@@ -206,9 +247,11 @@ class _Job:
         self.completed = False
         self.created = int(time.time())
         hold = max((len(s) for s in params.stop), default=1) - 1
-        self.choices = {p * self.n + i: ChoiceStream(p * self.n + i, ids, prefixes[p], hold)
+        echo_logprobs = getattr(body, "echo_logprobs", False)
+        self.choices = {p * self.n + i: ChoiceStream(p * self.n + i, ids, prefixes[p], hold, echo_logprobs)
                         for p, ids in enumerate(prompt_ids) for i in range(self.n)}
-        fmt.offsets = {index: len(cs.prefix) for index, cs in self.choices.items()}  # logprobs text_offset
+        # logprobs' text_offset: after the echoed prefix, or from 0 where the prompt's tokens are listed too
+        fmt.offsets = {index: 0 if echo_logprobs else len(cs.prefix) for index, cs in self.choices.items()}
 
     def engine_requests(self) -> list[tuple[int, str, list[int], SamplingParams]]:
         reqs = []
@@ -274,14 +317,18 @@ async def _collect(job: _Job, gen: Generation) -> JSONResponse:
         gen.abort()
     fmt, body = job.fmt, job.body
     choices = []
+    payload = job.envelope(choices, chunk=False)
     for index in sorted(finals):
         out = finals[index]
         cs = job.choices[index]
-        choices.append(fmt.choice(index, cs.prefix + out.text,
-                                  out, fmt.logprobs(index, list(out.logprobs) if out.logprobs is not None else None,
-                                                    job.top_n),
-                                  body.return_token_ids, job.prompt_of(index)))
-    payload = job.envelope(choices, chunk=False)
+        lps = list(out.logprobs) if out.logprobs is not None else None
+        if cs.echo_logprobs:
+            lps = echo_entries(cs.prompt_ids, out) + (lps or [])
+        choice = fmt.choice(index, cs.prefix + out.text, out, fmt.logprobs(index, lps, job.top_n),
+                            body.return_token_ids, job.prompt_of(index))
+        if body.prompt_logprobs is not None:
+            fmt.attach_prompt_logprobs(payload, choice, fmt.prompt_logprobs(out.prompt_logprobs, body.prompt_logprobs))
+        choices.append(choice)
     payload["usage"] = _usage(job.prompt_tokens, sum(len(o.token_ids) for o in finals.values()))
     return JSONResponse(payload)
 
@@ -307,13 +354,10 @@ class GenerationStream(StreamingResponse):
 async def _stream(job: _Job, gen: Generation) -> AsyncIterator[str]:
     fmt, body = job.fmt, job.body
     generated: dict[int, int] = {}
+    # Chat's opening (role) chunks go out with the first engine output, as vLLM sends them: a
+    # client that times the first chunk (vllm bench serve) then measures the first token.
+    opening = fmt.opening(sorted(job.choices))
     try:
-        opening = fmt.opening(sorted(job.choices))
-        for c in opening:
-            chunk = job.envelope([c], chunk=True)
-            if body.continuous_usage:
-                chunk["usage"] = _usage(len(job.prompt_of(c["index"])), 0)
-            yield sse(chunk)
         async for item in gen:
             error = item.error or (item.output.error if item.output is not None else None)
             if error is not None:
@@ -321,6 +365,12 @@ async def _stream(job: _Job, gen: Generation) -> AsyncIterator[str]:
                 yield sse(error_body(500, error))
                 yield DONE
                 return
+            for c in opening:
+                chunk = job.envelope([c], chunk=True)
+                if body.continuous_usage:
+                    chunk["usage"] = _usage(len(job.prompt_of(c["index"])), 0)
+                yield sse(chunk)
+            opening = []
             out = item.output
             d = job.choices[item.index].delta(out)
             if not (d["text"] or d["token_ids"] or d["finished"] or d["first"]):

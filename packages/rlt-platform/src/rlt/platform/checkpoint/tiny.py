@@ -93,12 +93,19 @@ def write_tiny_checkpoint(
     shards: int = 1,
     thinking: bool = False,
     dtype_key: str = "torch_dtype",
+    auto_map: bool = True,
     **config_overrides,
 ) -> Path:
-    """Write a random tiny Ouro checkpoint into ``path`` and return it."""
+    """Write a random tiny Ouro checkpoint into ``path`` and return it.
+
+    ``auto_map`` keeps the Hugging Face ``auto_map`` of the real checkpoints (which rlt ignores);
+    without it a transformers client loads the config and tokenizer without asking to run code.
+    """
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     raw = tiny_config(**config_overrides)
+    if not auto_map:
+        del raw["auto_map"]
     if dtype_key != "torch_dtype":
         raw[dtype_key] = raw.pop("torch_dtype")
     tok = build_tokenizer(raw["vocab_size"])

@@ -32,6 +32,7 @@ class RltTokenizer:
         self.chat_template: str | None = config.get("chat_template")
         self.eos_token = _token_text(config.get("eos_token"))
         self.bos_token = _token_text(config.get("bos_token"))
+        self.pad_token = _token_text(config.get("pad_token"))
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
         self._template = None
@@ -57,6 +58,16 @@ class RltTokenizer:
         if "chat_template" not in cfg and jt.is_file():
             cfg["chat_template"] = jt.read_text()
         return cls(tok, cfg)
+
+    def describe(self) -> dict[str, Any]:
+        """``tokenizer_config.json`` with special tokens as plain strings (what vLLM's ``/tokenizer_info``
+        serves): no added-token table, the chat template included."""
+        info = {k: (_token_text(v) if k.endswith("_token") else v) for k, v in self.config.items()
+                if k != "added_tokens_decoder"}
+        info.update(eos_token=self.eos_token, bos_token=self.bos_token, pad_token=self.pad_token,
+                    chat_template=self.chat_template)
+        info.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+        return info
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)

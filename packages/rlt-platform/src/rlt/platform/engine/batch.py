@@ -18,6 +18,7 @@ import torch
 from rlt.attention import AttentionMetadata, KVLayout
 from rlt.platform.engine.exit_policy import row_thresholds
 from rlt.platform.engine.interfaces import Row
+from rlt.platform.engine.prompt_logprobs import Jobs, prompt_logprob_jobs
 
 
 @attrs.frozen(eq=False)
@@ -42,6 +43,7 @@ class StepBatch:
     min_loops: torch.Tensor
     max_loops: torch.Tensor
     threshold: torch.Tensor  # τ per row; exit_policy.NEVER for rows that do not consult the gate
+    prompt_logprobs: Jobs = attrs.field(factory=dict)  # prompt rows that want prompt logprobs, by row index
 
     @property
     def num_rows(self) -> int:
@@ -134,4 +136,5 @@ class RowBatchBuilder:
             row_last_token=dev["row_last_token"], row_token_start=cu[:-1], row_start=starts, row_len=lens,
             in_prompt=in_prompt, fixed_exit=fixed_exit, adaptive=adaptive, samples=samples,
             loop=dev["loop"], min_loops=dev["min_loops"], max_loops=dev["max_loops"], threshold=dev["threshold"],
+            prompt_logprobs=prompt_logprob_jobs(rows),
         )

@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from rlt.platform.engine import prompt_logprobs
 from rlt.platform.engine.interfaces import Row, StepPlan
 from rlt.platform.engine.output_processor import OutputProcessor
 from rlt.platform.engine.request import Request, RequestStatus
@@ -145,6 +146,7 @@ class EngineCore:
         done: set[Request] = set()
         for i, row in enumerate(rows):
             req = row.request
+            prompt_logprobs.collect(req, result.prompt_logprobs.get(i))
             lo, hi = int(off[i]), int(off[i + 1])
             if hi == lo or req in done or req.finished:
                 continue

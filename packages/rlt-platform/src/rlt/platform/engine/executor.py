@@ -17,6 +17,7 @@ from rlt.attention import KVLayout
 from rlt.platform.engine.batch import StepBatch
 from rlt.platform.engine.exit_policy import OuroGateExit
 from rlt.platform.engine.interfaces import StepResult
+from rlt.platform.engine.prompt_logprobs import prompt_logprobs_for_batch
 
 
 class CompletedStep:
@@ -37,6 +38,9 @@ def _host(t: torch.Tensor | None) -> np.ndarray | None:
 
 
 class EagerExecutor:
+    #: computes prompt logprobs when a prompt chunk exits
+    supports_prompt_logprobs = True
+
     def __init__(self, *, model, kv, attention, sampler, max_num_seqs: int, device: torch.device,
                  exit_policy=OuroGateExit) -> None:
         self.model = model
@@ -105,10 +109,11 @@ class EagerExecutor:
             start = int(b.row_token_start[i])
             self.chunk_hidden[(int(b.slots[i]), int(b.row_start[i]))] = h[start:start + int(b.row_len[i])]
 
+        plp = prompt_logprobs_for_batch(self.model, h, b.row_token_start, exited, b.prompt_logprobs)
         rows = np.nonzero(exited & b.samples)[0]
         num_tokens = np.zeros(b.num_rows, np.int64)
         if len(rows) == 0:
-            return CompletedStep(StepResult(exited, num_tokens, np.zeros(0, np.int64)))
+            return CompletedStep(StepResult(exited, num_tokens, np.zeros(0, np.int64), prompt_logprobs=plp))
         num_tokens[rows] = 1
         if len(rows) == b.num_rows:
             logits = self.model.coda(last)
@@ -116,4 +121,4 @@ class EagerExecutor:
             logits = self.model.coda(last.index_select(0, torch.from_numpy(rows).to(self.device)))
         out = self.sampler.sample(logits, b.slots[rows])
         return CompletedStep(StepResult(exited, num_tokens, _host(out.token_ids), _host(out.logprobs),
-                                        _host(out.top_ids), _host(out.top_logprobs)))
+                                        _host(out.top_ids), _host(out.top_logprobs), prompt_logprobs=plp))

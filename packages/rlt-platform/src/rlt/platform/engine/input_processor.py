@@ -61,6 +61,10 @@ class InputProcessor:
             raise InvalidRequestError(f"max_loops {max_loops} exceeds the engine's {ctx.num_loops} loops", "max_loops")
         if params.min_loops > max_loops:
             raise InvalidRequestError(f"min_loops {params.min_loops} exceeds max_loops {max_loops}", "min_loops")
+        executor = ctx.parts.executor
+        if params.prompt_logprobs is not None and not getattr(executor, "supports_prompt_logprobs", False):
+            raise InvalidRequestError(f"prompt_logprobs: this engine's executor ({type(executor).__name__}) "
+                                      "cannot compute prompt logprobs; leave prompt_logprobs unset", "prompt_logprobs")
         check_token_ids(params.stop_token_ids, vocab, "stop_token_ids")
         threshold = params.exit_threshold if params.exit_threshold is not None else ctx.default_threshold
         if threshold < 1.0 and ctx.config.fixed_depth:

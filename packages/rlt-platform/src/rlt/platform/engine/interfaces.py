@@ -97,8 +97,8 @@ class StepResult:
     logprobs: np.ndarray | None = None
     top_ids: np.ndarray | None = None
     top_logprobs: np.ndarray | None = None
-    #: per produced token: the prompt logprobs of the chunk (rlt-specific; None when not asked)
-    extras: Mapping[str, Any] = attrs.field(factory=dict)
+    #: row index -> prompt logprob entries of a prompt row that exited (see engine/prompt_logprobs.py)
+    prompt_logprobs: Mapping[int, Any] = attrs.field(factory=dict)
     exit_latency: int = 0
 
     @property
@@ -289,7 +289,9 @@ class Executor(Protocol):
     Owns the device state of every slot (hidden states between loops, exit accumulators) and
     calls the attention backend's ``prepare`` once per step. ``release(slot)`` drops a finished
     slot's state. ``exit_latency``: how many steps late its exit decisions arrive (0: in the
-    step's own result).
+    step's own result). Optional ``supports_prompt_logprobs = True``: it fills
+    ``StepResult.prompt_logprobs`` for the batch's jobs (requests asking for them are refused
+    otherwise).
     """
 
     exit_latency: int

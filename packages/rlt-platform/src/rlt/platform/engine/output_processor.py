@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from rlt.platform.engine import prompt_logprobs
 from rlt.platform.engine.request import Request
 from rlt.platform.outputs import RequestMetrics, RequestOutput, TokenLogprob
 
@@ -41,7 +42,7 @@ class OutputProcessor:
             hits = [(pos, s) for pos, s in hits if pos >= 0]
             if hits:
                 pos, s = min(hits)
-                req.text = req.text[:pos]
+                req.text = req.text[:pos + len(s)] if req.params.include_stop_str_in_output else req.text[:pos]
                 req.stop_reason = s
                 return "stop"
         if n_out >= req.max_tokens:
@@ -76,4 +77,5 @@ class OutputProcessor:
             new_text=new_text,
             metrics=RequestMetrics(req.arrival_time, req.first_scheduled_time, req.first_token_time, req.finished_time),
             error=req.error,
+            prompt_logprobs=prompt_logprobs.reported(req),
         )

@@ -43,6 +43,8 @@ class Request:
     output_token_ids: list[int] = attrs.field(factory=list)
     exit_depths: list[int] = attrs.field(factory=list)
     logprobs: list[TokenLogprob] = attrs.field(factory=list)
+    #: prompt logprobs so far (see engine/prompt_logprobs.py); a tuple once complete
+    prompt_logprobs: list[TokenLogprob | None] | tuple = attrs.field(factory=lambda: [None])
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None
