@@ -68,7 +68,9 @@ class LLMEngine:
         if self.platform.name == "npu":
             self.platform.select_device(self.device.index or 0)
         model_dir = config.model or str(demo_model_dir())
-        _, raw, _, model_cfg = read_config(model_dir)
+        _, raw, family, model_cfg = read_config(model_dir)
+        if family.engine_unsupported:
+            raise ConfigError(f"{model_dir}: {family.engine_unsupported}")
         self.dtype = resolve_dtype(config.dtype, getattr(model_cfg, "torch_dtype", None))
         ckpt = load_checkpoint(model_dir, dtype=self.dtype, device=self.device)
         self.checkpoint = ckpt
@@ -107,7 +109,7 @@ class LLMEngine:
         factory = executor_factory or EagerExecutor
         self.executor = factory(self.model, cache, self.attention, self.table,
                                 max_num_seqs=config.max_num_seqs, device=self.device)
-        self.eos_token_ids = frozenset(ckpt.family.default_stop_token_ids) & set(range(shape.vocab_size))
+        self.eos_token_ids = frozenset(ckpt.family.stop_token_ids(ckpt.config, self.tokenizer)) & set(range(shape.vocab_size))
         self._requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
         self._rng = random.Random(config.seed)
@@ -170,6 +172,9 @@ class LLMEngine:
         if bad_stop:
             raise InvalidRequestError(f"stop_token_ids: {bad_stop[0]} is outside the vocabulary [0, {vocab})")
         threshold = params.exit_threshold if params.exit_threshold is not None else self.default_threshold
+        if threshold < 1.0 and not self.model.has_exit_gate:
+            raise InvalidRequestError(f"exit_threshold {threshold} asks for adaptive exit, but this model has no exit "
+                                      "gate (fixed depth); omit exit_threshold or set it to 1.0", "exit_threshold")
         if threshold < 1.0 and self.config.fixed_depth:
             raise InvalidRequestError(
                 f"exit_threshold {threshold} asks for adaptive exit, but this engine serves fixed depth "
