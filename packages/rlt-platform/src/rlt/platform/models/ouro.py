@@ -79,9 +79,8 @@ _SANDWICH_NORMS = ("input_layernorm", "input_layernorm_2", "post_attention_layer
 
 
 def ouro_expected_weights(cfg: OuroConfig) -> dict[str, tuple[int, ...]]:
-    shapes = llama_layer_weights(cfg, extra_norms=("input_layernorm_2", "post_attention_layernorm_2"))
-    shapes.update({"model.early_exit_gate.weight": (1, cfg.hidden_size), "model.early_exit_gate.bias": (1,)})
-    return shapes
+    return llama_layer_weights(cfg, _SANDWICH_NORMS, top={"model.early_exit_gate.weight": (1, cfg.hidden_size),
+                                                         "model.early_exit_gate.bias": (1,)})
 
 
 class OuroModel(StackModel):

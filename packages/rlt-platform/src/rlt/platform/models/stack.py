@@ -75,11 +75,14 @@ def attention_fields(r: ConfigReader) -> dict[str, int]:
     return dict(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim)
 
 
-def llama_layer_weights(cfg: Any, extra_norms: tuple[str, ...] = ()) -> dict[str, tuple[int, ...]]:
-    """Weight names and shapes of the stack: embedding, final norm, optional head, Llama layers."""
+def llama_layer_weights(cfg: Any, norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm"),
+                        top: dict[str, tuple[int, ...]] | None = None) -> dict[str, tuple[int, ...]]:
+    """Weight names and shapes of the stack: embedding, final norm, ``top`` extras, optional head, then
+    the Llama layers with the norm weights ``norms`` (the order is the tiny writer's draw order)."""
     h, i = cfg.hidden_size, cfg.intermediate_size
     qd, kvd = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
+    shapes.update(top or {})
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
     for l in range(cfg.num_hidden_layers):
@@ -92,10 +95,8 @@ def llama_layer_weights(cfg: Any, extra_norms: tuple[str, ...] = ()) -> dict[str
             p + "mlp.gate_proj.weight": (i, h),
             p + "mlp.up_proj.weight": (i, h),
             p + "mlp.down_proj.weight": (h, i),
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
         })
-        shapes.update({p + n + ".weight": (h,) for n in extra_norms})
+        shapes.update({p + n + ".weight": (h,) for n in norms})
     return shapes
 
 
