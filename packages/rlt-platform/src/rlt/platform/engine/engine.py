@@ -19,7 +19,7 @@ import attrs
 
 from rlt.attention import KVCache, KVLayout
 from rlt.platform.attention_select import AttentionSelection, build_attention, select_attention
-from rlt.platform.checkpoint.demo import demo_model_dir
+from rlt.platform.checkpoint.demo import resolve_model
 from rlt.platform.checkpoint.loader import load_checkpoint, read_config, resolve_dtype
 from rlt.platform.checkpoint.tokenizer import IncrementalDetokenizer, RltTokenizer
 from rlt.platform.config import EngineConfig
@@ -67,7 +67,7 @@ class LLMEngine:
         self.device = self.platform.device()
         if self.platform.name == "npu":
             self.platform.select_device(self.device.index or 0)
-        model_dir = config.model or str(demo_model_dir())
+        model_dir = resolve_model(config.model)
         _, raw, family, model_cfg = read_config(model_dir)
         if family.engine_unsupported:
             raise ConfigError(f"{model_dir}: {family.engine_unsupported}")
