@@ -8,7 +8,6 @@ exit with min/max loop bounds, and small KV pages so prompts cross page boundari
 from __future__ import annotations
 
 import pytest
-import torch
 
 from engine_helpers import random_prompts, reference_for, check_against_reference, run_engine
 from rlt.platform import EngineConfig, LLMEngine, SamplingParams

@@ -90,63 +90,58 @@ def build_tokenizer(vocab_size: int, special_tokens: list[str] = SPECIAL_TOKENS)
 
 def tiny_config(family: str = "ouro", **overrides) -> dict:
     """A tiny config.json of ``family`` (models.md §8), with ``overrides`` applied."""
-    cfg = dict(_TINY_CONFIGS[family]) if family != "ouro" else {
-        "architectures": ["OuroForCausalLM"],
-        "auto_map": {"AutoConfig": "configuration_ouro.OuroConfig",
-                     "AutoModelForCausalLM": "modeling_ouro.OuroForCausalLM"},
-        "model_type": "ouro",
-        "vocab_size": 320,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 8,
-        "hidden_act": "silu",
-        "max_position_embeddings": 256,
-        "rope_theta": 10000.0,
-        "rope_scaling": None,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": False,
-        "total_ut_steps": 4,
-        "early_exit_threshold": 1.0,
-        "bos_token_id": 0,
-        "eos_token_id": 0,
-        "torch_dtype": "float32",
-        "use_sliding_window": False,
-    }
+    cfg = json.loads(json.dumps(_TINY_CONFIGS[family]))  # a deep copy
     cfg.update(overrides)
     return cfg
 
 
+#: Fields the tiny Llama-named stacks (Ouro, Nanbeige) share.
+_TINY_STACK = {
+    "vocab_size": 320,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "hidden_act": "silu",
+    "max_position_embeddings": 256,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+
 _TINY_CONFIGS: dict[str, dict] = {
+    "ouro": {
+        "architectures": ["OuroForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_ouro.OuroConfig",
+                     "AutoModelForCausalLM": "modeling_ouro.OuroForCausalLM"},
+        "model_type": "ouro",
+        **_TINY_STACK,
+        "rms_norm_eps": 1e-6,
+        "total_ut_steps": 4,
+        "early_exit_threshold": 1.0,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "use_sliding_window": False,
+    },
     "nanbeige": {
         "architectures": ["NanbeigeForCausalLM"],
         "auto_map": {"AutoConfig": "configuration_nanbeige.NanbeigeConfig",
                      "AutoModelForCausalLM": "modeling_nanbeige.NanbeigeForCausalLM"},
         "model_type": "nanbeige",
-        "vocab_size": 320,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        **_TINY_STACK,
         "head_dim": 16,  # q dim 64 != hidden 32, as on the release (6144 != 3072)
-        "hidden_act": "silu",
-        "max_position_embeddings": 256,
-        "rope_theta": 10000.0,
-        "rope_scaling": None,
         "rms_norm_eps": 1e-5,
         "attention_bias": False,
         "num_loops": 2,
         "loop_loss_weights": [],
         "skip_loop_final_norm": False,
         "pretraining_tp": 1,
-        "tie_word_embeddings": False,
         "pad_token_id": 0,
         "bos_token_id": 1,
         "eos_token_id": 2,
-        "torch_dtype": "float32",
     },
     "huginn_raven": {
         "architectures": ["RavenForCausalLM"],
@@ -219,24 +214,20 @@ def _save_weights(root: Path, tensors: dict[str, torch.Tensor], shards: int) -> 
 def _tokenizer_files(family: str, raw: dict, thinking: bool) -> tuple[list[str], dict, dict]:
     """(special tokens, tokenizer_config.json, generation_config.json) of a tiny ``family`` checkpoint."""
     if family == "huginn_raven":
-        return HUGINN_SPECIAL_TOKENS, {
-            "bos_token": "<|begin_text|>", "eos_token": "<|end_text|>", "pad_token": "<|pad|>",
-            "model_max_length": raw["block_size"], "chat_template": HUGINN_TEMPLATE,
-            "tokenizer_class": "PreTrainedTokenizerFast",
-        }, {"bos_token_id": 0, "eos_token_id": [1, 4], "pad_token_id": 5}
-    if family == "nanbeige":
-        return SPECIAL_TOKENS, {
-            "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-            "model_max_length": raw["max_position_embeddings"], "chat_template": NANBEIGE_TEMPLATE,
-            "tokenizer_class": "LlamaTokenizerFast",
-        }, {"eos_token_id": 2, "bos_token_id": 1, "pad_token_id": 0}
-    template = CHATML_TEMPLATE if thinking else CHATML_TEMPLATE.replace(
-        "{% if enable_thinking is defined and enable_thinking %}{{ '<think>\\n' }}{% endif %}", "")
-    return SPECIAL_TOKENS, {
-        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-        "model_max_length": raw["max_position_embeddings"], "chat_template": template,
-        "tokenizer_class": "GPT2Tokenizer",
-    }, {"eos_token_id": [2, 0], "bos_token_id": 1}
+        specials, (bos, eos, pad), cls, template = HUGINN_SPECIAL_TOKENS, HUGINN_SPECIAL_TOKENS[:2] + ["<|pad|>"], \
+            "PreTrainedTokenizerFast", HUGINN_TEMPLATE
+        generation = {"bos_token_id": 0, "eos_token_id": [1, 4], "pad_token_id": 5}
+    else:
+        specials, (pad, bos, eos) = SPECIAL_TOKENS, SPECIAL_TOKENS
+        if family == "nanbeige":
+            cls, template, generation = "LlamaTokenizerFast", NANBEIGE_TEMPLATE, {"eos_token_id": 2, "bos_token_id": 1}
+        else:
+            cls, generation = "GPT2Tokenizer", {"eos_token_id": [2, 0], "bos_token_id": 1}
+            template = CHATML_TEMPLATE if thinking else CHATML_TEMPLATE.replace(
+                "{% if enable_thinking is defined and enable_thinking %}{{ '<think>\\n' }}{% endif %}", "")
+    config = {"bos_token": bos, "eos_token": eos, "pad_token": pad, "chat_template": template, "tokenizer_class": cls,
+              "model_max_length": raw.get("max_position_embeddings", raw.get("block_size"))}
+    return specials, config, generation
 
 
 def write_tiny_checkpoint(

@@ -28,36 +28,22 @@ from rlt.platform.errors import CheckpointError
 from rlt.platform.models.base import ModelFamily
 from rlt.platform.models.fused_ops import silu_mul
 from rlt.platform.models.layers import rms_norm
-from rlt.platform.models.stack import ConfigReader, StackModel, attention_fields, llama_layer_weights, tied_head_optional
+from rlt.platform.models.stack import ConfigReader, StackConfig, StackModel, llama_layer_weights, tied_head_optional
 
 #: Optional features of the official modeling code, all off in the release (models.md §3.1).
 _REFUSED = ("emb_neighbor_num", "ngram_vocab_size", "ngram_embedding", "enable_hyper_connection", "enable_mhc",
             "enable_double_loop_split", "loop_share_kv", "enable_depth_attention", "use_qk_norm", "qk_layernorm")
 
 
-@attrs.frozen
-class NanbeigeConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    max_position_embeddings: int
-    rope_theta: float
-    rms_norm_eps: float
+@attrs.frozen(kw_only=True)
+class NanbeigeConfig(StackConfig):
     num_loops: int
     skip_loop_final_norm: bool
-    tie_word_embeddings: bool
-    torch_dtype: str | None
-    eos_token_id: Any = None
-    bos_token_id: Any = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "NanbeigeConfig":
         r = ConfigReader(raw, "nanbeige")
-        attn = attention_fields(r)
+        common = StackConfig.common(r, "Nanbeige", max_positions=262144, rope_theta=7e7, eps=1e-5)
         r.refuse("Nanbeige", _REFUSED, "an optional research feature of the official code")
         r.refuse("Nanbeige", ("attention_bias", "mlp_bias"), "a projection bias")
         if raw.get("loop_loss_weights"):
@@ -66,22 +52,8 @@ class NanbeigeConfig:
         act = r.get("hidden_act", "silu")
         if act != "silu":
             raise CheckpointError(f"hidden_act {act!r} is not supported for Nanbeige (only 'silu')")
-        cfg = cls(
-            vocab_size=int(r.need("vocab_size")),
-            intermediate_size=int(r.need("intermediate_size")),
-            num_hidden_layers=r.positive("num_hidden_layers", int(r.need("num_hidden_layers"))),
-            max_position_embeddings=int(r.get("max_position_embeddings", 262144)),
-            rope_theta=r.rope_theta("Nanbeige", 7e7),
-            rms_norm_eps=float(r.get("rms_norm_eps", 1e-5)),
-            num_loops=r.positive("num_loops", int(r.get("num_loops", 2))),
-            skip_loop_final_norm=bool(r.get("skip_loop_final_norm", False)),
-            tie_word_embeddings=bool(r.get("tie_word_embeddings", False)),
-            torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
-            eos_token_id=raw.get("eos_token_id"),
-            bos_token_id=raw.get("bos_token_id"),
-            **attn,
-        )
-        return cfg
+        return cls(num_loops=r.positive("num_loops", int(r.get("num_loops", 2))),
+                   skip_loop_final_norm=bool(r.get("skip_loop_final_norm", False)), **common)
 
 
 def nanbeige_expected_weights(cfg: NanbeigeConfig) -> dict[str, tuple[int, ...]]:

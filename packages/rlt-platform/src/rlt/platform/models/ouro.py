@@ -24,55 +24,24 @@ from rlt.platform.errors import CheckpointError
 from rlt.platform.models.base import ModelFamily
 from rlt.platform.models.fused_ops import add_norm_norm, silu_mul
 from rlt.platform.models.layers import rms_norm
-from rlt.platform.models.stack import ConfigReader, StackModel, attention_fields, llama_layer_weights, tied_head_optional
+from rlt.platform.models.stack import ConfigReader, StackConfig, StackModel, llama_layer_weights, tied_head_optional
 
 
-@attrs.frozen
-class OuroConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    max_position_embeddings: int
-    rope_theta: float
-    rms_norm_eps: float
+@attrs.frozen(kw_only=True)
+class OuroConfig(StackConfig):
     total_ut_steps: int
     early_exit_threshold: float
-    tie_word_embeddings: bool
-    torch_dtype: str | None
-    eos_token_id: Any = None
-    bos_token_id: Any = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "OuroConfig":
         r = ConfigReader(raw, "ouro")
-        attn = attention_fields(r)
-        rope_theta = r.rope_theta("Ouro", 1e6)
+        common = StackConfig.common(r, "Ouro", max_positions=65536, rope_theta=1e6, eps=1e-6)
         sliding = raw.get("use_sliding_window") or "sliding_attention" in (raw.get("layer_types") or ())
         if sliding:
             raise CheckpointError("sliding-window attention layers are not supported for Ouro "
                                   "(use_sliding_window / layer_types); every Ouro release uses full attention")
-        cfg = cls(
-            vocab_size=int(r.need("vocab_size")),
-            intermediate_size=int(r.need("intermediate_size")),
-            num_hidden_layers=int(r.need("num_hidden_layers")),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 65536)),
-            rope_theta=rope_theta,
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            total_ut_steps=int(raw.get("total_ut_steps", 4)),
-            early_exit_threshold=float(raw.get("early_exit_threshold", 1.0)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
-            eos_token_id=raw.get("eos_token_id"),
-            bos_token_id=raw.get("bos_token_id"),
-            **attn,
-        )
-        if cfg.total_ut_steps < 1:
-            raise CheckpointError(f"total_ut_steps must be >= 1, got {cfg.total_ut_steps}")
-        return cfg
+        return cls(total_ut_steps=r.positive("total_ut_steps", int(r.get("total_ut_steps", 4))),
+                   early_exit_threshold=float(r.get("early_exit_threshold", 1.0)), **common)
 
 
 _SANDWICH_NORMS = ("input_layernorm", "input_layernorm_2", "post_attention_layernorm", "post_attention_layernorm_2")

@@ -62,6 +62,43 @@ class ConfigReader:
                                   f"is not supported for {family}; rlt serves the released {family} configuration")
 
 
+@attrs.frozen(kw_only=True)
+class StackConfig:
+    """The config fields every whole-stack family reads (a family subclass adds its loop fields)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    torch_dtype: str | None
+    eos_token_id: Any = None
+    bos_token_id: Any = None
+
+    @staticmethod
+    def common(r: ConfigReader, family: str, *, max_positions: int, rope_theta: float, eps: float) -> dict[str, Any]:
+        """The shared fields read from ``r`` (defaults: the family's release values)."""
+        return dict(
+            vocab_size=int(r.need("vocab_size")),
+            intermediate_size=int(r.need("intermediate_size")),
+            num_hidden_layers=r.positive("num_hidden_layers", int(r.need("num_hidden_layers"))),
+            max_position_embeddings=int(r.get("max_position_embeddings", max_positions)),
+            rope_theta=r.rope_theta(family, rope_theta),
+            rms_norm_eps=float(r.get("rms_norm_eps", eps)),
+            tie_word_embeddings=bool(r.get("tie_word_embeddings", False)),
+            torch_dtype=r.raw.get("dtype") or r.raw.get("torch_dtype"),
+            eos_token_id=r.raw.get("eos_token_id"),
+            bos_token_id=r.raw.get("bos_token_id"),
+            **attention_fields(r),
+        )
+
+
 def attention_fields(r: ConfigReader) -> dict[str, int]:
     """Heads, KV heads and head_dim of a Llama-style config, checked (GQA divisibility, even head_dim)."""
     heads = int(r.need("num_attention_heads"))
