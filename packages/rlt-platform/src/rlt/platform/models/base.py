@@ -52,10 +52,25 @@ class ModelShape:
     num_boundary_layers: int = 0
 
 
+def no_exit_gate(hidden: torch.Tensor) -> torch.Tensor:
+    """``exit_logit`` of a model without a gate: -inf per row, so λ = sigmoid(-inf) = 0."""
+    return torch.full((hidden.shape[0],), float("-inf"), dtype=torch.float32, device=hidden.device)
+
+
 class LoopedModel(nn.Module, abc.ABC):
     shape: ModelShape
     has_exit_gate: bool = True
     boundary_attention: bool = False
+    #: One of the model's weights (the embedding): ``dtype`` and ``device`` are read from it.
+    anchor: torch.Tensor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.anchor.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.anchor.device
 
     @abc.abstractmethod
     def rotary(self, positions: torch.Tensor) -> Any:

@@ -67,7 +67,7 @@ import torch.nn.functional as F
 
 from rlt.attention import AttentionBackend, AttentionMetadata, KVCache
 from rlt.platform.errors import CheckpointError
-from rlt.platform.models.base import LoopedModel, ModelFamily, ModelShape
+from rlt.platform.models.base import LoopedModel, ModelFamily, ModelShape, no_exit_gate
 from rlt.platform.models.fused_ops import silu_mul
 from rlt.platform.models.layers import apply_rope_pairs, rms_norm, rope_inv_freq, rope_pair_cos_sin
 from rlt.platform.models.stack import ConfigReader
@@ -241,6 +241,7 @@ class HuginnModel(LoopedModel):
         )
         w = weights
         self.wte = w["transformer.wte.weight"]
+        self.anchor = self.wte
         self.head = self.wte if cfg.tie_embeddings else w["lm_head.weight"]
         self.adapter = w["transformer.adapter.weight"]
         self.ln_f = w["transformer.ln_f.weight"]
@@ -256,14 +257,6 @@ class HuginnModel(LoopedModel):
         self.prelude_blocks, self.core_blocks, self.coda_blocks = (blocks[g] for g in GROUPS)
         self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base, device=self.wte.device)
         self.scale = cfg.head_dim ** -0.5
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.wte.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.wte.device
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_pair_cos_sin(positions, self.inv_freq)
@@ -308,8 +301,8 @@ class HuginnModel(LoopedModel):
         return x
 
     def exit_logit(self, hidden: torch.Tensor) -> torch.Tensor:
-        """No gate (fixed per-request depth): -inf, λ = 0."""
-        return torch.full((hidden.shape[0],), float("-inf"), dtype=torch.float32, device=hidden.device)
+        """No gate (fixed per-request depth)."""
+        return no_exit_gate(hidden)
 
     def coda(self, hidden: torch.Tensor, rope=None, kv: KVCache | None = None,
              attention: AttentionBackend | None = None, meta: AttentionMetadata | None = None,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from rlt.attention import AttentionBackend, AttentionMetadata, KVCache
 from rlt.platform.errors import CheckpointError
-from rlt.platform.models.base import LoopedModel, ModelShape
+from rlt.platform.models.base import LoopedModel, ModelShape, no_exit_gate
 from rlt.platform.models.fused_ops import rope_qk_
 from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
 
@@ -169,6 +169,7 @@ class StackModel(LoopedModel):
         )
         w = weights
         self.embed = w["model.embed_tokens.weight"]
+        self.anchor = self.embed
         self.norm = w["model.norm.weight"]
         self.lm_head = w["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
         self.layers = []
@@ -183,14 +184,6 @@ class StackModel(LoopedModel):
             ))
         self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, device=self.embed.device)
         self.scale = cfg.head_dim ** -0.5
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embed.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed.device
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(positions, self.inv_freq, self.embed.dtype)
@@ -209,8 +202,8 @@ class StackModel(LoopedModel):
         return F.linear(attention.forward(q, kv, idx, meta, self.scale), layer.o)
 
     def exit_logit(self, hidden: torch.Tensor) -> torch.Tensor:
-        """No gate: λ = sigmoid(-inf) = 0, so the exit probability never accumulates."""
-        return torch.full((hidden.shape[0],), float("-inf"), dtype=torch.float32, device=hidden.device)
+        """No gate (a family with one overrides this): the exit probability never accumulates."""
+        return no_exit_gate(hidden)
 
     def coda(self, hidden: torch.Tensor, *_boundary: Any) -> torch.Tensor:
         return F.linear(hidden, self.lm_head).float()
