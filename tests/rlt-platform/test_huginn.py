@@ -166,6 +166,7 @@ def _rewrite(path, **changes):
     ({"num_key_value_heads": 2}, "num_key_value_heads must equal n_heads"),
     ({"injection_type": "add"}, "injection_type 'add' is not supported"),
     ({"bias": True}, "bias is set"),
+    ({"init_values": 0.02}, "init_values must be an object"),
     ({"model_type": "huginn"}, "model_type 'huginn' is not supported; supported: ouro, huginn_raven, nanbeige"),
 ])
 def test_bad_configs_exit_with_one_clear_line(tmp_path, changes, message):

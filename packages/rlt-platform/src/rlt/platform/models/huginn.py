@@ -136,6 +136,8 @@ class HuginnConfig:
         if float(r.get("test_time_noise", 0)):
             raise CheckpointError("test_time_noise is not supported for Huginn (the release serves with noise 0)")
         init_values = r.get("init_values", {})
+        if not isinstance(init_values, dict):
+            raise CheckpointError(f"init_values must be an object (with 'std' and 'embed_scale'), got {init_values!r}")
         mean_recurrence = r.positive("mean_recurrence", int(r.get("mean_recurrence", 32)))
         return cls(
             vocab_size=int(r.get("padded_vocab_size", r.need("vocab_size"))),
