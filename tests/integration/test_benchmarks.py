@@ -111,3 +111,19 @@ def test_roofline_matches_published_ouro_floors():
     assert pre.prefill_bound == "compute"
     assert workload_floor(m, h200, concurrency=64, prompt_len=1024, output_len=128, num_requests=128,
                           loops=4).decode_bound == "bandwidth"
+
+
+def test_roofline_ouro_2_6b_shapes():
+    """Ouro-2.6B: 48 layers, so twice the 1.4B's per-loop weights and KV (393,216 B per position-plane)."""
+    from rlt.platform.checkpoint.tiny import tiny_config
+    from rlt.platform.models.ouro import OuroConfig
+
+    from benchmarks.bench_model import NAMED_CONFIGS
+
+    big, small = (ModelCost.from_config(OuroConfig.from_dict(tiny_config(**NAMED_CONFIGS[n])), 2)
+                  for n in ("ouro-2.6b", "ouro-1.4b"))
+    assert big.num_layers == 48 and big.kv_bytes_per_position_plane == 393_216
+    assert big.params_per_loop == 2 * small.params_per_loop
+    h200 = Ceilings(copy_bytes_per_s=4.3e12, matmul_flops_per_s=790e12, copy_bytes=0, matmul_n=0, dtype="bfloat16")
+    c1_big, c1_small = (decode_step_cost(m, 1, 1024, 4).floor_s(h200) for m in (big, small))
+    assert 1.8 * c1_small < c1_big < 2.0 * c1_small  # the LM head is not duplicated

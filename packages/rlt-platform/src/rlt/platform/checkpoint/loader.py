@@ -3,7 +3,8 @@
 Reads ``config.json`` (``model_type`` picks the family; ``dtype`` or ``torch_dtype`` accepted;
 ``auto_map`` ignored — rlt never runs checkpoint code), then ``model.safetensors`` or the shards
 listed in ``model.safetensors.index.json``, with a strict key and shape check whose error names the
-missing and unexpected keys. Weights are cast to the requested dtype (float32 / bfloat16 /
+missing and unexpected keys (a family may declare optional weights it never reads, such as a tied
+head or a stored RoPE table: shape-checked when present, then dropped). Weights are cast to the requested dtype (float32 / bfloat16 /
 float16) on the target device.
 """
 
@@ -88,6 +89,7 @@ def resolve_dtype(name: str | None, config_dtype: str | None) -> torch.dtype:
 def load_checkpoint(path: str | Path, *, dtype: torch.dtype, device: torch.device | str = "cpu") -> LoadedCheckpoint:
     root, raw, family, config = read_config(path)
     expected = family.expected_weights(config)
+    optional = family.optional_weights(config)
     weights: dict[str, torch.Tensor] = {}
     unexpected: list[str] = []
     bad_shape: list[str] = []
@@ -97,16 +99,16 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype, device: torch.devic
                 for key in f.keys():
                     if key.endswith(_IGNORED_SUFFIXES):
                         continue
-                    if key not in expected:
-                        if key == "lm_head.weight" and getattr(config, "tie_word_embeddings", False):
-                            continue  # tied head: the embedding is used, as in Hugging Face
+                    want = expected.get(key, optional.get(key))
+                    if want is None:
                         unexpected.append(key)
                         continue
-                    t = f.get_tensor(key)
-                    if tuple(t.shape) != expected[key]:
-                        bad_shape.append(f"{key}: {tuple(t.shape)} != expected {expected[key]}")
+                    shape = tuple(f.get_slice(key).get_shape())
+                    if shape != want:
+                        bad_shape.append(f"{key}: {shape} != expected {want}")
                         continue
-                    weights[key] = t.to(device=device, dtype=dtype)
+                    if key in expected:
+                        weights[key] = f.get_tensor(key).to(device=device, dtype=dtype)
         except CheckpointError:
             raise
         except Exception as exc:  # safetensors raises its own error types on corrupt files

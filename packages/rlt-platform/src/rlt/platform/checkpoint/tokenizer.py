@@ -1,9 +1,12 @@
 """Tokenizer and chat template from a checkpoint directory.
 
 ``tokenizer.json`` is loaded with the ``tokenizers`` library; ``tokenizer_config.json`` supplies
-the special tokens and the Jinja chat template (ChatML for Ouro; ``enable_thinking`` is a template
-variable of the Thinking checkpoints), rendered in a sandboxed Jinja environment as Hugging Face
-does. Prompts rendered from a template are encoded without adding special tokens.
+the special tokens and the Jinja chat template, rendered in a sandboxed Jinja environment as
+Hugging Face does (same whitespace options, ``loopcontrols``, and HF's ``{% generation %}`` block,
+which Huginn's template uses to mark assistant text and which renders as its body). Template
+variables pass through: ``enable_thinking`` of the Ouro Thinking and Nanbeige templates; Huginn's
+template itself renders role ``assistant`` as ``Huginn``. Prompts rendered from a template are
+encoded without adding special tokens.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.ext
 import jinja2.sandbox
 from tokenizers import Tokenizer
 
@@ -23,6 +27,16 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         return value.get("content")
     return value
+
+
+class GenerationBlock(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}``: HF marks assistant tokens with it; rendered as its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
 class RltTokenizer:
@@ -87,7 +101,8 @@ class RltTokenizer:
         if not self.chat_template:
             raise InvalidRequestError("this model has no chat template; use a completion prompt instead")
         if self._template is None:
-            env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols])
 
             def raise_exception(message):
                 raise jinja2.exceptions.TemplateError(message)

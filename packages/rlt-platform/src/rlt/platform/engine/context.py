@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from rlt.attention import KVCache, KVLayout
 from rlt.platform.attention_select import build_attention, select_attention
-from rlt.platform.checkpoint.demo import demo_model_dir
+from rlt.platform.checkpoint.demo import resolve_model
 from rlt.platform.checkpoint.loader import load_checkpoint as _load_checkpoint
 from rlt.platform.checkpoint.loader import read_config, resolve_dtype
 from rlt.platform.checkpoint.tokenizer import RltTokenizer
@@ -41,8 +41,10 @@ def build_context(config: EngineConfig, platform: Platform, feature_options: Map
     device = platform.device()
     if platform.name == "npu":
         platform.select_device(device.index or 0)
-    model_dir = config.model or str(demo_model_dir())
+    model_dir = resolve_model(config.model)
     _root, _raw, family, model_cfg = read_config(model_dir)
+    if family.engine_unsupported:
+        raise ConfigError(f"{model_dir}: {family.engine_unsupported}")
     dtype = resolve_dtype(config.dtype, getattr(model_cfg, "torch_dtype", None))
     ckpt = (load_checkpoint or _load_checkpoint)(model_dir, dtype=dtype, device=device)
     tokenizer = RltTokenizer.from_dir(model_dir)
@@ -77,6 +79,6 @@ def build_context(config: EngineConfig, platform: Platform, feature_options: Map
         # Fixed full depth unless asked otherwise (the checkpoint's early_exit_threshold is not a
         # serving default: HF computes every loop regardless, so adopting it would change semantics).
         default_threshold=config.exit_threshold if config.exit_threshold is not None else 1.0,
-        eos_token_ids=frozenset(ckpt.family.default_stop_token_ids) & set(range(shape.vocab_size)),
+        eos_token_ids=frozenset(ckpt.family.stop_token_ids(ckpt.config, tokenizer)) & set(range(shape.vocab_size)),
         feature_options=dict(feature_options or {}),
     )

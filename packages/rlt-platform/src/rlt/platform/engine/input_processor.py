@@ -67,6 +67,9 @@ class InputProcessor:
                                       "cannot compute prompt logprobs; leave prompt_logprobs unset", "prompt_logprobs")
         check_token_ids(params.stop_token_ids, vocab, "stop_token_ids")
         threshold = params.exit_threshold if params.exit_threshold is not None else ctx.default_threshold
+        if threshold < 1.0 and not ctx.model.has_exit_gate:
+            raise InvalidRequestError(f"exit_threshold {threshold} asks for adaptive exit, but this model has no exit "
+                                      "gate (fixed depth); omit exit_threshold or set it to 1.0", "exit_threshold")
         if threshold < 1.0 and ctx.config.fixed_depth:
             raise InvalidRequestError(
                 f"exit_threshold {threshold} asks for adaptive exit, but this engine serves fixed depth "

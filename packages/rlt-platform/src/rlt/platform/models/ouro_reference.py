@@ -24,12 +24,26 @@ import torch.nn.functional as F
 from rlt.platform.models.layers import apply_rope, rms_norm, rope_cos_sin, rope_inv_freq
 
 
+def eager_attention(q, k, v, q_pos, k_pos, scale: float) -> torch.Tensor:
+    """Eager attention (HF order) of q [S,nh,d] over k/v [C,nkv,d]; causal by positions; GQA by
+    repeating each KV head over its group of query heads."""
+    g = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(g, dim=1).transpose(0, 1)  # [nh, C, d]
+    v = v.repeat_interleave(g, dim=1).transpose(0, 1)
+    scores = torch.matmul(q.transpose(0, 1), k.transpose(1, 2)) * scale
+    mask = k_pos[None, :] > q_pos[:, None]
+    scores = scores.masked_fill(mask[None], torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v).transpose(0, 1).reshape(q.shape[0], -1)
+
+
 class OuroReference:
     def __init__(self, cfg, weights: dict[str, torch.Tensor]) -> None:
         self.cfg = cfg
         self.w = weights
         self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta)
         self.dtype = weights["model.embed_tokens.weight"].dtype
+        self.num_loops = getattr(cfg, "total_ut_steps", None) or cfg.num_loops
 
     # -- one layer, dense ------------------------------------------------------------------------
     def _qkv(self, l: int, h: torch.Tensor, cos, sin):
@@ -42,16 +56,7 @@ class OuroReference:
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _attend(self, q, k, v, q_pos, k_pos):
-        """Eager attention (HF order) of q [S,nh,d] over k/v [C,nkv,d]; causal by positions."""
-        cfg = self.cfg
-        g = cfg.num_attention_heads // cfg.num_key_value_heads
-        k = k.repeat_interleave(g, dim=1).transpose(0, 1)  # [nh, C, d]
-        v = v.repeat_interleave(g, dim=1).transpose(0, 1)
-        scores = torch.matmul(q.transpose(0, 1), k.transpose(1, 2)) * cfg.head_dim ** -0.5
-        mask = k_pos[None, :] > q_pos[:, None]
-        scores = scores.masked_fill(mask[None], torch.finfo(scores.dtype).min)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        return torch.matmul(probs, v).transpose(0, 1).reshape(q.shape[0], -1)
+        return eager_attention(q, k, v, q_pos, k_pos, self.cfg.head_dim ** -0.5)
 
     def _finish_layer(self, l: int, h, attn):
         cfg, w, p = self.cfg, self.w, f"model.layers.{l}."
@@ -60,6 +65,10 @@ class OuroReference:
         m = rms_norm(h, w[p + "post_attention_layernorm.weight"], eps)
         m = F.silu(F.linear(m, w[p + "mlp.gate_proj.weight"])) * F.linear(m, w[p + "mlp.up_proj.weight"])
         return h + rms_norm(F.linear(m, w[p + "mlp.down_proj.weight"]), w[p + "post_attention_layernorm_2.weight"], eps)
+
+    def _loop_end(self, h: torch.Tensor) -> torch.Tensor:
+        """The shared final norm after every loop (its output is the next loop's input)."""
+        return rms_norm(h, self.w["model.norm.weight"], self.cfg.rms_norm_eps)
 
     def gate(self, hidden: torch.Tensor) -> torch.Tensor:
         w = self.w
@@ -94,7 +103,7 @@ class OuroReference:
                 kd = torch.stack(keys[l])[src, pos]
                 vd = torch.stack(vals[l])[src, pos]
                 h = self._finish_layer(l, h, self._attend(q, kd, vd, pos, pos))
-            h = rms_norm(h, self.w["model.norm.weight"], cfg.rms_norm_eps)
+            h = self._loop_end(h)
             states.append(h)
         return torch.stack(states)
 
@@ -120,7 +129,7 @@ class OuroReference:
                 vd = torch.cat([*cache[l][1], v]) if cache[l][1] else v
                 latest.append((k, v))
                 h = self._finish_layer(l, h, self._attend(q, kd, vd, pos, k_pos))
-            h = rms_norm(h, self.w["model.norm.weight"], cfg.rms_norm_eps)
+            h = self._loop_end(h)
             states.append(h)
             if loops_fn(d, h):
                 break
@@ -161,7 +170,7 @@ def reference_generate(
     stop_token_ids: tuple[int, ...] = (),
 ) -> tuple[list[int], list[int]]:
     """Greedy generation by the oracle: (generated token ids, their exit depths, 1-based loops)."""
-    max_loops = max_loops or ref.cfg.total_ut_steps
+    max_loops = max_loops or ref.num_loops
     out: list[int] = []
     depths: list[int] = []
     if layout == "last_exited":
