@@ -117,8 +117,11 @@ class LLMEngine:
     def describe(self) -> dict[str, Any]:
         """Components and who provides them, the KV pool, UVA: for logs and ``/v1/engine``."""
         kv = self.ctx.kv
+        executor = self.ctx.parts.executor
+        describe_executor = getattr(executor, "describe", None)
         return {
             "components": self.assembly.describe(),
+            "executor": describe_executor() if callable(describe_executor) else {"type": type(executor).__name__},
             "kv": {"layout": kv.layout.value, "block_size": kv.block_size, "num_blocks": kv.num_blocks,
                    "num_planes": kv.num_planes},
             "uva": {"enabled": self.ctx.uva.enabled, "reason": self.ctx.uva.reason},

@@ -1,0 +1,193 @@
+"""The batch builder of decode-only steps, writing into static buffers.
+
+A step whose rows are all decode rows (one position each, past the prompt) becomes a
+:class:`DecodeBatch`: its rows padded to a *row bucket* by repeating row 0 — a padded row is an
+exact copy of row 0 (same slot, token, position, KV slot), so it writes the same KV values to the
+same place and its outputs are ignored: padding needs no special case anywhere — and a *context
+bucket* (a power of two >= the longest context) that bounds the attention's host-side sizing.
+All per-row fields go to the device in one copy from a pinned bank (a ring of two, reused only
+after the event behind its last copy completed); page tables are mirrored on the device per slot
+and re-sent only for slots whose pages changed. Any other step is built by the inner builder.
+
+Owns: the host banks, the device field buffers, the device page-table mirror. Must not: read
+device memory (no host sync) or keep references to rows after ``build`` returns the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+import numpy as np
+import torch
+
+from rlt.attention import KVLayout
+from rlt.platform.engine.exit_policy import row_thresholds
+from rlt.platform.engine.interfaces import Row, Wrapped
+
+#: int64 fields (rows of the int64 block) and int32 fields (rows of the int32 block; threshold as fp32 bits)
+I64 = ("token", "slot", "position", "slot_mapping", "plane0")
+I32 = ("seq_len", "depth", "loop", "min_loops", "max_loops", "threshold")
+
+
+def buckets_upto(limit: int, given: Sequence[int] | None = None) -> tuple[int, ...]:
+    """Row buckets: the given sizes, or powers of two, up to ``limit`` (which is always one)."""
+    sizes = sorted({b for b in (given or []) if 0 < b <= limit})
+    if not given:
+        b = 1
+        while b < limit:
+            sizes.append(b)
+            b *= 2
+    if not sizes or sizes[-1] != limit:
+        sizes.append(limit)
+    return tuple(sizes)
+
+
+def context_bucket(max_seq_len: int, limit: int, smallest: int = 256) -> int:
+    b = smallest
+    while b < max_seq_len:
+        b *= 2
+    return min(b, limit)
+
+
+@attrs.frozen(eq=False)
+class DecodeFields:
+    """Device views of one bucket's rows (``[B]`` each)."""
+
+    token: torch.Tensor
+    slot: torch.Tensor
+    position: torch.Tensor
+    slot_mapping: torch.Tensor
+    plane0: torch.Tensor
+    seq_len: torch.Tensor
+    depth: torch.Tensor
+    loop: torch.Tensor
+    min_loops: torch.Tensor
+    max_loops: torch.Tensor
+    threshold: torch.Tensor
+
+
+@attrs.frozen(eq=False)
+class DecodeBatch:
+    rows: tuple[Row, ...]  # batch order (as scheduled)
+    slots: np.ndarray  # [R] host
+    bucket: int  # B >= R rows run
+    context: int  # S: the attention's host-side length bound
+    fixed_exit: np.ndarray  # [R] rows at their max_loops
+    adaptive: np.ndarray  # [R] rows that consult the gate
+    samples: np.ndarray  # [R] (all True: decode rows produce a token when they exit)
+    prompt_logprobs: dict = attrs.field(factory=dict)  # never any: no prompt rows here
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    @property
+    def has_prompt_rows(self) -> bool:
+        return False
+
+
+class StaticDecodeBuffers:
+    """Pinned host banks and the device buffers they are copied into, for up to ``max_rows`` rows."""
+
+    def __init__(self, max_rows: int, device: torch.device, *, num_slots: int, planes: int, pages: int) -> None:
+        self.max_rows = max_rows
+        self.device = device
+        n64, n32 = len(I64) * max_rows, len(I32) * max_rows
+        self.nbytes = 8 * n64 + 4 * n32
+        pin = device.type == "cuda"
+        self._banks = [torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
+        self._events: list = [None, None]
+        self._flip = 0
+        self.dev = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
+        self._i64 = self.dev[: 8 * n64].view(torch.int64).view(len(I64), max_rows)
+        self._i32 = self.dev[8 * n64:].view(torch.int32).view(len(I32), max_rows)
+        #: device mirror of the KV manager's page tables, per slot, and the host copy of what it holds
+        self.tables = torch.zeros((num_slots, planes, pages), dtype=torch.int32, device=device)
+        self._shadow = np.zeros((num_slots, planes, pages), dtype=np.int32)
+        self.qsl = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
+
+    def fields(self, bucket: int) -> DecodeFields:
+        v = {n: self._i64[i, :bucket] for i, n in enumerate(I64)}
+        v.update({n: self._i32[i, :bucket] for i, n in enumerate(I32)})
+        v["threshold"] = v["threshold"].view(torch.float32)
+        return DecodeFields(**v)
+
+    def sync_tables(self, host_tables: np.ndarray, slots: np.ndarray) -> None:
+        """Send the page tables of ``slots`` whose pages changed since they were last sent."""
+        rows = host_tables[slots]
+        changed = (rows != self._shadow[slots]).reshape(len(slots), -1).any(axis=1)
+        if changed.any():
+            dirty = np.unique(slots[changed])
+            self._shadow[dirty] = host_tables[dirty]
+            idx = torch.from_numpy(dirty).to(self.device)
+            self.tables.index_copy_(0, idx, torch.from_numpy(host_tables[dirty]).to(self.device))
+
+    def upload(self, i64: np.ndarray, i32: np.ndarray) -> None:
+        """Copy ``i64 [len(I64), B]`` and ``i32 [len(I32), B]`` into the device buffers (one copy)."""
+        bank = self._banks[self._flip]
+        event = self._events[self._flip]
+        if event is not None:
+            event.synchronize()  # the copy that last read this bank has completed
+        host = bank.numpy()
+        n64 = len(I64) * self.max_rows
+        h64 = host[: 8 * n64].view(np.int64).reshape(len(I64), self.max_rows)
+        h32 = host[8 * n64:].view(np.int32).reshape(len(I32), self.max_rows)
+        b = i64.shape[1]
+        h64[:, :b] = i64
+        h32[:, :b] = i32
+        self.dev.copy_(bank, non_blocking=True)
+        if self.device.type == "cuda":
+            ev = torch.cuda.Event()
+            ev.record()
+            self._events[self._flip] = ev
+        self._flip ^= 1
+
+
+class StaticBatchBuilder(Wrapped):
+    """Decode-only steps into :class:`StaticDecodeBuffers`; every other step by ``inner``."""
+
+    def __init__(self, inner, *, kv, slots, layout: KVLayout, device: torch.device, max_num_seqs: int,
+                 max_model_len: int, row_buckets: Sequence[int] | None = None) -> None:
+        super().__init__(inner)
+        self.kv = kv
+        self.slots = slots
+        self.layout = layout
+        self.row_buckets = buckets_upto(max_num_seqs, row_buckets)
+        self.max_model_len = max_model_len
+        t = kv.block_tables
+        self.buffers = StaticDecodeBuffers(self.row_buckets[-1], device, num_slots=t.shape[0], planes=t.shape[1],
+                                           pages=t.shape[2])
+
+    def bucket_for(self, rows: int) -> int:
+        return next(b for b in self.row_buckets if b >= rows)
+
+    def build(self, rows: Sequence[Row]):
+        if not rows or len(rows) > self.row_buckets[-1] or any(r.in_prompt for r in rows):
+            return self.inner.build(rows)
+        n = len(rows)
+        bucket = self.bucket_for(n)
+        slots = np.fromiter((r.slot for r in rows), np.int64, n)
+        pos = np.fromiter((r.start for r in rows), np.int64, n)
+        depth = np.fromiter((r.depth for r in rows), np.int64, n)
+        token = np.fromiter((r.request.output_token_ids[-1] if r.depth == 0 else 0 for r in rows), np.int64, n)
+        bs = self.kv.block_size
+        tables = self.kv.block_tables
+        plane = np.zeros_like(depth) if self.layout is KVLayout.SHARED else depth
+        page, off = pos // bs, pos % bs
+        slot_mapping = tables[slots, plane, page].astype(np.int64) * bs + off
+        plane0 = tables[slots, 0, page].astype(np.int64) * bs + off
+        t = self.slots
+        adaptive = t.adaptive[slots]
+        loop = depth + 1
+        max_loops = t.max_loops[slots].astype(np.int64)
+        threshold = row_thresholds(t.threshold[slots], adaptive).view(np.int32)
+        pad = np.concatenate([np.arange(n), np.zeros(bucket - n, np.int64)])  # padded rows repeat row 0
+        i64 = np.stack([token, slots, pos, slot_mapping, plane0])[:, pad]
+        i32 = np.stack([pos + 1, depth, loop, t.min_loops[slots].astype(np.int64), max_loops,
+                        threshold.astype(np.int64)]).astype(np.int64)[:, pad].astype(np.int32)
+        self.buffers.sync_tables(tables, slots)
+        self.buffers.upload(i64, i32)
+        context = context_bucket(int(pos.max()) + 1, self.max_model_len)
+        return DecodeBatch(rows=tuple(rows), slots=slots, bucket=bucket, context=context,
+                           fixed_exit=loop >= max_loops, adaptive=adaptive, samples=np.ones(n, bool))

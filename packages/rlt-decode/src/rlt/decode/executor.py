@@ -1,0 +1,153 @@
+"""The static decode executor: decode-only steps from static buffers, eagerly or as graph replays.
+
+For a :class:`DecodeBatch` the whole loop step — input (embedding of depth-0 rows, else the slot's
+hidden state), depth stamps, every layer, the end-of-loop norm, the gate and the exit accumulator,
+the slot's new hidden state — is one function of the static buffers (:meth:`_loop_step`). With
+graphs on, it is captured once per (row bucket, context bucket) and replayed; the first step of a
+new shape runs it eagerly (which also compiles the kernels) and then captures it, so a capture
+never runs a step twice. The LM head and sampling of exiting rows follow eagerly (their row count
+varies); the host reads the exit mask only when a row consults the gate.
+
+The per-slot device state (hidden states, exit accumulators) is the inner executor's: a row may
+run one loop in an eager step (mixed with prefill) and the next from the static buffers. Every
+other batch goes to the inner executor. Capture time, graph memory, replays and eager fallbacks
+(with their reasons) are counted in :meth:`describe` (``/v1/engine``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+
+import numpy as np
+import torch
+
+from rlt.attention import AttentionMetadata, KVLayout
+from rlt.decode.batch import DecodeBatch
+from rlt.platform.engine.executor import CompletedStep
+from rlt.platform.engine.exit_policy import OuroGateExit
+from rlt.platform.engine.interfaces import StepResult, Wrapped
+
+log = logging.getLogger("rlt.decode")
+
+
+class StaticDecodeExecutor(Wrapped):
+    def __init__(self, inner, *, ctx, buffers, row_buckets, use_graphs: bool, max_graphs: int = 64,
+                 graph_memory_mib: float | None = None, graphs_off_reason: str = "") -> None:
+        super().__init__(inner)
+        if not hasattr(inner, "hidden") or not hasattr(inner, "remaining"):
+            raise TypeError("static_buffers wraps an executor that keeps per-slot `hidden` and `remaining` "
+                            f"state (the base EagerExecutor); got {type(inner).__name__}")
+        self.model = ctx.model
+        self.kv = ctx.cache
+        self.attention = ctx.attention
+        self.sampler = ctx.parts.sampler
+        self.device = ctx.device
+        self.buffers = buffers
+        self.row_buckets = tuple(row_buckets)
+        self.exit_policy = OuroGateExit
+        self.use_graphs = use_graphs
+        self.max_graphs = max_graphs
+        self.graph_memory_bytes = None if graph_memory_mib is None else int(graph_memory_mib * 2**20)
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        self._pool = None
+        self.stats = Counter()
+        self.fallbacks: Counter = Counter()
+        #: why decode steps do not replay graphs, when they cannot
+        self.graphs_off_reason = "" if use_graphs else (graphs_off_reason or "graphs off")
+        self.capture_seconds = 0.0
+        self.graph_bytes = 0
+
+    @property
+    def exit_latency(self) -> int:
+        return self.inner.exit_latency
+
+    # -- the captured function ------------------------------------------------------------------
+    def _loop_step(self, bucket: int, context: int):
+        f = self.buffers.fields(bucket)
+        pages = -(-context // self.kv.block_size)
+        tables = self.buffers.tables.index_select(0, f.slot)[:, :, :pages]
+        meta = AttentionMetadata(
+            query_start_loc=self.buffers.qsl[: bucket + 1], seq_lens=f.seq_len, query_depth=f.depth,
+            block_tables=tables, slot_mapping=f.slot_mapping, plane0_slot_mapping=f.plane0,
+            token_query_depth=f.depth, positions=f.position, max_query_len=1, max_seq_len=context,
+            layout=self.kv.layout)
+        if self.kv.layout is KVLayout.LAST_EXITED:
+            self.kv.stamp_depth(f.plane0, f.depth)
+        meta = self.attention.prepare(self.kv, meta)
+        hidden, remaining = self.inner.hidden, self.inner.remaining
+        x = torch.where((f.depth == 0)[:, None], self.model.prelude(f.token), hidden.index_select(0, f.slot))
+        h = self.model.recurrent(x, self.model.rotary(f.position), self.kv, self.attention, meta)
+        hidden.index_copy_(0, f.slot, h)
+        carried = torch.where(f.loop == 1, 1.0, remaining.index_select(0, f.slot))
+        exited, carried = self.exit_policy.decide(self.model.exit_logit(h), carried, f.loop, f.min_loops,
+                                                  f.max_loops, f.threshold)
+        remaining.index_copy_(0, f.slot, carried)
+        return h, exited
+
+    def _capture(self, key: tuple[int, int]) -> None:
+        if len(self._graphs) >= self.max_graphs:
+            self.fallbacks[f"graph count limit ({self.max_graphs})"] += 1  # this shape stays eager
+            return
+        before = torch.cuda.memory_reserved(self.device)
+        t0 = time.perf_counter()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = self._loop_step(*key)
+        except Exception as exc:  # noqa: BLE001 - the step still ran eagerly; record why graphs are off
+            self.use_graphs = False
+            self.graphs_off_reason = f"capture failed: {type(exc).__name__}: {exc}"[:200]
+            log.warning("graph capture of decode bucket %s failed; decode steps run eagerly: %s", key, exc)
+            return
+        self._pool = graph.pool()
+        self.capture_seconds += time.perf_counter() - t0
+        self.graph_bytes += max(0, torch.cuda.memory_reserved(self.device) - before)
+        self._graphs[key] = (graph, out)
+        if self.graph_memory_bytes is not None and self.graph_bytes > self.graph_memory_bytes:
+            self.use_graphs = False
+            self.graphs_off_reason = f"graph memory budget ({self.graph_memory_bytes >> 20} MiB) reached"
+        log.info("captured decode graph rows=%d context=%d (%.2f s total capture, %.1f MiB)", key[0], key[1],
+                 self.capture_seconds, self.graph_bytes / 2**20)
+
+    def _run(self, batch: DecodeBatch):
+        key = (batch.bucket, batch.context)
+        entry = self._graphs.get(key)
+        if entry is not None:
+            entry[0].replay()
+            self.stats["graph_replays"] += 1
+            return entry[1]
+        out = self._loop_step(*key)  # eager: the step's real work (and the kernels' compilation)
+        self.stats["eager_decode_steps"] += 1
+        if self.use_graphs:
+            self._capture(key)
+        return out
+
+    # -- the executor interface -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, batch):
+        if not isinstance(batch, DecodeBatch):
+            self.stats["eager_other_steps"] += 1
+            return self.inner.execute(batch)
+        n = batch.num_rows
+        h, exited_dev = self._run(batch)
+        exited = exited_dev[:n].cpu().numpy() if batch.adaptive.any() else batch.fixed_exit.copy()
+        rows = np.nonzero(exited & batch.samples)[0]
+        num_tokens = np.zeros(n, np.int64)
+        if len(rows) == 0:
+            return CompletedStep(StepResult(exited, num_tokens, np.zeros(0, np.int64)))
+        num_tokens[rows] = 1
+        last = h[:n] if len(rows) == n else h.index_select(0, torch.from_numpy(rows).to(self.device))
+        out = self.sampler.sample(self.model.coda(last), batch.slots[rows])
+        host = lambda t: None if t is None else t.cpu().numpy()  # noqa: E731
+        return CompletedStep(StepResult(exited, num_tokens, host(out.token_ids), host(out.logprobs),
+                                        host(out.top_ids), host(out.top_logprobs)))
+
+    def describe(self) -> dict:
+        return {
+            "static_buffers": True, "graphs": self.use_graphs, "graphs_off_reason": self.graphs_off_reason, "graphs_captured": len(self._graphs),
+            "graph_buckets": sorted(self._graphs), "capture_seconds": round(self.capture_seconds, 3),
+            "graph_memory_mib": round(self.graph_bytes / 2**20, 1), "row_buckets": list(self.row_buckets),
+            "steps": dict(self.stats), "eager_fallbacks": dict(self.fallbacks),
+        }

@@ -1,0 +1,94 @@
+"""The features rlt-decode registers: ``static_buffers`` and ``graphs``.
+
+``static_buffers`` (any platform) wraps the batch builder and the executor so that decode-only
+steps run from static, bucketed buffers (:mod:`rlt.decode.batch`, :mod:`rlt.decode.executor`).
+``graphs`` (platforms declaring graph capture: CUDA, ROCm) turns on graph capture and replay of
+those steps; it needs ``static_buffers`` and says so at composition if that one is off. On a
+platform without graph capture (CPU, Ascend) ``graphs`` is absent with the reason and decode
+steps of ``static_buffers`` run eagerly from the same buffers (the logic CI tests).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rlt.platform.engine.assembly import CompositionError
+from rlt.platform.features import Feature
+from rlt.platform.platforms import Capability
+
+
+def _buckets(text) -> tuple[int, ...]:
+    if isinstance(text, (tuple, list)):
+        return tuple(int(t) for t in text)
+    try:
+        values = tuple(int(t) for t in str(text).split(",") if t.strip())
+    except ValueError:
+        raise ValueError(f"--static-buffers-row-buckets: expected comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"--static-buffers-row-buckets: bucket sizes must be >= 1, got {text!r}")
+    return values
+
+
+@attrs.frozen
+class StaticBufferOptions:
+    row_buckets: tuple[int, ...] = attrs.field(default=(), converter=_buckets, metadata={
+        "help": "decode row-count buckets, comma-separated (default: powers of two up to --max-num-seqs)",
+        "type": str})
+
+
+@attrs.frozen
+class GraphOptions:
+    max_graphs: int = attrs.field(default=64, metadata={"help": "most captured decode graphs (default 64)"})
+    memory_mib: float = attrs.field(default=4096.0, metadata={
+        "help": "graph memory budget in MiB; past it new shapes run eagerly (default 4096)"})
+
+
+def _install_static(builder, options: StaticBufferOptions) -> None:
+    from rlt.decode.batch import StaticBatchBuilder
+    from rlt.decode.executor import StaticDecodeExecutor
+
+    state = {}
+
+    def batch_builder(ctx, inner):
+        state["builder"] = StaticBatchBuilder(
+            inner, kv=ctx.parts.kv_manager, slots=ctx.parts.slots, layout=ctx.kv.layout, device=ctx.device,
+            max_num_seqs=ctx.max_num_seqs, max_model_len=ctx.max_model_len, row_buckets=options.row_buckets)
+        return state["builder"]
+
+    def executor(ctx, inner):
+        graphs = ctx.feature_options.get("graphs")
+        if graphs is not None and not ctx.attention.spec.graph_safe:
+            reason = f"attention backend {ctx.selection.name} is not graph-safe"
+        elif graphs is None:
+            reason = ("platform lacks graph_capture" if not ctx.platform.has(Capability.GRAPH_CAPTURE)
+                      else "graphs disabled (--no-graphs)")
+        else:
+            reason = ""
+        b = state["builder"]
+        return StaticDecodeExecutor(
+            inner, ctx=ctx, buffers=b.buffers, row_buckets=b.row_buckets, use_graphs=not reason,
+            max_graphs=graphs.max_graphs if graphs else 0, graph_memory_mib=graphs.memory_mib if graphs else None,
+            graphs_off_reason=reason)
+
+    builder.wrap("batch_builder", batch_builder)
+    builder.wrap("executor", executor)
+
+
+def _install_graphs(builder, options: GraphOptions) -> None:
+    def check(ctx, inner):
+        if "static_buffers" not in ctx.feature_options:
+            raise CompositionError("graphs needs the static_buffers feature; drop --no-static-buffers or add "
+                                   "--no-graphs")
+        return inner
+
+    builder.wrap("executor", check)
+
+
+FEATURES = [
+    Feature(name="static_buffers", package="rlt-decode",
+            description="decode-only steps from static, bucketed device buffers (one upload per step)",
+            options=StaticBufferOptions, install=_install_static),
+    Feature(name="graphs", package="rlt-decode",
+            description="capture and replay decode-only steps as CUDA/HIP graphs (needs static_buffers)",
+            requires=frozenset({Capability.GRAPH_CAPTURE}), options=GraphOptions, install=_install_graphs),
+]
