@@ -111,6 +111,23 @@ class EngineOptions:
     max_num_batched_tokens: int = 16384
     kv_layout: str = "last_exited"
     fixed_depth: bool = False
+    #: modules whose ``FEATURES`` are composed into the engine (e.g. ``rlt.decode.feature``); none:
+    #: the base engine. Named explicitly so a benchmark needs no installed entry points.
+    feature_modules: tuple[str, ...] = ()
+
+    def build_engine(self, config: EngineConfig, load_checkpoint=None) -> LLMEngine:
+        if not self.feature_modules:
+            return LLMEngine(config, load_checkpoint=load_checkpoint)
+        import importlib
+
+        from rlt.platform.composition import plan_composition
+        from rlt.platform.platforms import detect_platform
+
+        features = [f for m in self.feature_modules for f in importlib.import_module(m).FEATURES]
+        plan = plan_composition(detect_platform(config.device), features)
+        engine = plan.assembly.build_engine(config, load_checkpoint=load_checkpoint)
+        engine.features = plan.table
+        return engine
 
     def engine_config(self, model_dir: str, wl: Workload, *, backend: str, num_loops: int) -> EngineConfig:
         max_len = wl.prompt_len + wl.output_len
@@ -339,7 +356,7 @@ def run_workload(model_dir: str, model_cfg, wl: Workload, opts: EngineOptions, *
         notes.append(fit_note)
         progress(f"  {fit_note}")
     cfg = opts.engine_config(model_dir, wl, backend=backend, num_loops=model_cfg.total_ut_steps)
-    engine = LLMEngine(cfg, load_checkpoint=load_checkpoint)
+    engine = opts.build_engine(cfg, load_checkpoint=load_checkpoint)
     device = engine.device
     elem = torch.empty((), dtype=engine.dtype).element_size()
     kv_bytes = kv_pool_bytes(cfg, model_cfg, elem)

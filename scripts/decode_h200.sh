@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# rlt-decode on the H200 in one device call: the GPU tests of the decode path (graph replay vs
+# eager, fp32 token identity; bf16 agreement) and the engine GPU tests, then the offline harness
+# for the base engine and for the engine with rlt-decode's features (static_buffers + graphs),
+# back to back in one lease (Ouro-1.4B shapes, random weights, bf16, Triton, 1K-token prompts):
+#
+#   OUT=benchmarks/results/<dir> bash scripts/decode_h200.sh
+set -uo pipefail
+OUT=${OUT:?set OUT}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export PYTHONPATH=packages/rlt-platform/src:packages/rlt-attention/src:packages/rlt-decode/src:apps/server/src:.${PYTHONPATH:+:$PYTHONPATH}
+PY=${PYTHON:-python3}
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout ${SUITE_TIMEOUT:-240} $PY -m pytest tests/gpu/test_decode_gpu.py ${EXTRA_TESTS:-tests/gpu/test_engine_gpu.py} -m gpu -q \
+    -p no:cacheprovider -o addopts="" -rA -s > "$OUT/gpu-tests.log" 2>&1
+  tail -5 "$OUT/gpu-tests.log"
+fi
+WORKLOADS=(--workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k
+           --workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k
+           ${EXTRA_WORKLOADS:-})
+for variant in ${VARIANTS:-base decode}; do
+  extra=(); [ "$variant" = decode ] && extra=(--feature-module rlt.decode.feature)
+  timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
+    --work-dir /tmp/rlt-bench --out-dir "$OUT/$variant" --reps 3 --warmup-output-len 4 "${extra[@]}" "${WORKLOADS[@]}" \
+    > "$OUT/$variant.log" 2>&1
+  echo "== $variant"; grep -E "^\| (c1-1k|c64-1k|c128-1k) \| triton" "$OUT/$variant/results.md" || tail -20 "$OUT/$variant.log"
+done
