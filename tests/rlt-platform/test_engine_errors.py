@@ -155,3 +155,19 @@ def test_fixed_depth_engine_rejects_adaptive_requests(tiny_checkpoint):
     done = _drain(eng)
     assert set(done) == {"good", "full-depth"}
     assert all(d == 4 for o in done.values() for d in o.exit_depths)
+
+
+def test_a_component_missing_protocol_members_fails_composition(tiny_checkpoint):
+    from rlt.platform.engine.assembly import CompositionError, EngineAssembly
+    from rlt.platform.platforms import detect_platform
+
+    class NoRelease:
+        exit_latency = 0
+
+        def execute(self, batch):
+            raise AssertionError("never runs")
+
+    assembly = EngineAssembly(detect_platform("cpu"))
+    assembly.replace("executor", lambda ctx: NoRelease(), by="half_done")
+    with pytest.raises(CompositionError, match="executor from 'half_done' .*lacks release"):
+        assembly.build_engine(_config(tiny_checkpoint))

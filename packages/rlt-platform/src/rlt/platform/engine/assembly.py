@@ -67,6 +67,21 @@ PROTOCOLS = {"uploader": Uploader, "kv_manager": KVManager, "scheduler": Schedul
              "batch_builder": BatchBuilder, "executor": Executor, "step_loop": StepLoop}
 
 
+def protocol_members(protocol: type) -> frozenset[str]:
+    """The attributes and methods a component must have to implement ``protocol``."""
+    names = set(getattr(protocol, "__annotations__", {}))
+    names |= {n for n, v in vars(protocol).items()
+              if not n.startswith("_") and (callable(v) or isinstance(v, property))}
+    return frozenset(names)
+
+
+def missing_members(component: Any, protocol: type) -> list[str]:
+    """What ``component`` lacks of ``protocol``, looked up with ``hasattr`` — so delegating
+    wrappers (:class:`Wrapped`, whose members come from ``__getattr__``) count, on every Python
+    (``isinstance`` on runtime protocols ignores ``__getattr__`` from Python 3.12 on)."""
+    return sorted(n for n in protocol_members(protocol) if not hasattr(component, n))
+
+
 def _check_component(name: str) -> None:
     if name not in COMPONENTS:
         raise CompositionError(f"unknown engine component {name!r}; components are {', '.join(COMPONENTS)}")
@@ -114,9 +129,11 @@ class EngineAssembly:
                 component, by = fn(ctx, component), wrapper_by
                 if component is None:
                     raise CompositionError(f"feature {wrapper_by!r}'s wrapper of the {name} returned None")
-            if not isinstance(component, PROTOCOLS[name]):
+            missing = missing_members(component, PROTOCOLS[name])
+            if missing:
                 raise CompositionError(f"the {name} from {by!r} ({type(component).__name__}) does not implement "
-                                       f"the {PROTOCOLS[name].__name__} protocol (rlt.platform.engine.interfaces)")
+                                       f"the {PROTOCOLS[name].__name__} protocol (rlt.platform.engine.interfaces): "
+                                       f"it lacks {', '.join(missing)}")
             setattr(parts, name, component)
         if parts.executor.exit_latency > parts.scheduler.supported_exit_latency:
             raise CompositionError(
