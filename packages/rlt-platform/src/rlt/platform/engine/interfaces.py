@@ -69,7 +69,7 @@ class Row:
         return self.start + self.length
 
     def deeper(self) -> "Row":
-        return attrs.evolve(self, depth=self.depth + 1)
+        return Row(self.request, self.slot, self.start, self.length, self.depth + 1, self.samples, self.in_prompt)
 
 
 @attrs.frozen(eq=False)
