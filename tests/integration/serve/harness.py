@@ -5,6 +5,9 @@ The ``test_gate`` feature wraps the executor: every step first waits on a gate (
 ``POST /_test/gate/close``, opened with ``/_test/gate/open``; it reopens by itself after 60 s so
 a failed test cannot hang the server), and a step that runs a request with ``top_k == 317``
 raises, as an engine fault would. Tests use it to hold requests in flight deterministically.
+Admitting a request with ``top_k == 318`` raises while its parameters are written into the slot
+table — after the scheduler has taken a slot and reserved its KV — as the int64 overflow of
+issue 15 did: admission must give both back and answer the request with an error.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from rlt_server.cli import build_parser
 from rlt_server.common import run_guarded
 
 POISON_TOP_K = 317
+POISON_ADMIT_TOP_K = 318
 GATE = threading.Event()
 GATE.set()
 router = APIRouter()
@@ -47,8 +51,20 @@ class GatedExecutor:
         return getattr(self.inner, name)
 
 
+def _poison_admission(table) -> None:
+    assign = table.assign
+
+    def poisoned(slot, req, seed):
+        if req.params.top_k == POISON_ADMIT_TOP_K:
+            raise RuntimeError("injected admission fault (test harness)")
+        return assign(slot, req, seed)
+
+    table.assign = poisoned
+
+
 def _install(builder, options) -> None:
     def factory(model, cache, attention, table, **kw):
+        _poison_admission(table)
         return GatedExecutor(EagerExecutor(model, cache, attention, table, **kw), table)
 
     builder.executor_factory = factory

@@ -70,7 +70,9 @@ def test_startup_report_and_v1_engine_agree(tiny_server, tiny_model):
         assert any(line.split()[:2] == [name, row["package"]] for line in table)
         if not row["installed"]:
             assert row["reason"] == f"not installed (pip install {KNOWN_FEATURE_PACKAGES[name]})"
-    assert info["model"]["root"] == str(tiny_model) and info["model"]["served_model_names"] == ["tiny"]
+    # the model is named; its path is only in the startup log, never in a response
+    assert info["model"]["name"] == tiny_model.name and info["model"]["served_model_names"] == ["tiny"]
+    assert f"model:     {tiny_model} served as tiny" in out and str(tiny_model) not in json.dumps(info)
     assert info["engine"]["num_kv_blocks"] == 4096 and info["engine"]["max_num_seqs"] == 64
     assert info["server"]["capacity"] == 64 + 256 and info["server"]["max_body_bytes"] == 65536
 

@@ -3,6 +3,13 @@
 Defaults follow vLLM (temperature 1.0, top_p 1.0, top_k off, max_tokens 16). rlt adds the loop
 controls: ``min_loops`` / ``max_loops`` bound the loops a generated token may run, and
 ``exit_threshold`` τ turns on adaptive exit (τ >= 1, the default, is fixed full depth).
+
+Every numeric field is checked against the range of the column the engine stores it in (its
+slot table: ``top_k``, ``min_tokens``, stop token ids and logprobs are int64, loop bounds int32,
+``temperature`` / ``top_p`` / ``exit_threshold`` float32), so a value that passes here can never
+fail later while the engine writes it; an out-of-range value raises :class:`InvalidRequestError`
+whose ``param`` names the field. Counts of stop strings and stop token ids are bounded too: each
+is checked on every generated token.
 """
 
 from __future__ import annotations
@@ -13,11 +20,19 @@ import attrs
 from rlt.platform.errors import InvalidRequestError
 
 MAX_LOGPROBS = 20
+#: the most stop strings / stop token ids one request may give (each is checked per generated token)
+MAX_STOP_STRINGS = 256
+MAX_STOP_TOKEN_IDS = 1024
 _U64 = 2**64
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
+#: the largest finite float32 (temperature and top_p are float32 on the device)
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _fail(field: str, message: str):
-    raise InvalidRequestError(f"{field}: {message}")
+    raise InvalidRequestError(f"{field}: {message}", param=field)
 
 
 def _is_int(v) -> bool:
@@ -26,6 +41,11 @@ def _is_int(v) -> bool:
 
 def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int_in(field: str, value, low: int, high: int, what: str | None = None) -> None:
+    if not _is_int(value) or not low <= value <= high:
+        _fail(field, f"must be {what or f'an integer in [{low}, {high}]'}, got {value!r}")
 
 
 @attrs.frozen
@@ -50,38 +70,42 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __attrs_post_init__(self) -> None:
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            _fail("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
-        if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            _fail("min_tokens", f"must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None:
+            _int_in("max_tokens", self.max_tokens, 1, INT64_MAX, f"an integer in [1, {INT64_MAX}]")
+        _int_in("min_tokens", self.min_tokens, 0, INT64_MAX)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             _fail("min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if not _is_num(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
-            _fail("temperature", f"must be a finite number >= 0, got {self.temperature!r}")
+        if (not _is_num(self.temperature) or not math.isfinite(self.temperature)
+                or not 0 <= self.temperature <= FLOAT32_MAX):
+            _fail("temperature", f"must be a finite number in [0, {FLOAT32_MAX:.4g}] (0 = greedy), "
+                                 f"got {self.temperature!r}")
         if not _is_num(self.top_p) or not (0.0 < self.top_p <= 1.0):
             _fail("top_p", f"must be in (0, 1], got {self.top_p!r}")
-        if not _is_int(self.top_k) or self.top_k < -1:
-            _fail("top_k", f"must be -1, 0 (off) or a positive integer, got {self.top_k!r}")
-        if self.seed is not None and (not _is_int(self.seed) or not (-(2**63) <= self.seed < _U64)):
-            _fail("seed", f"must be an integer in the 64-bit range, got {self.seed!r}")
+        _int_in("top_k", self.top_k, -1, INT64_MAX, f"-1 or 0 (off), or a positive integer up to {INT64_MAX}")
+        if self.seed is not None and (not _is_int(self.seed) or not (INT64_MIN <= self.seed < _U64)):
+            _fail("seed", f"must be an integer in the 64-bit range [{INT64_MIN}, {_U64 - 1}], got {self.seed!r}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            _fail("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} token ids, got {len(self.stop_token_ids)}")
         for t in self.stop_token_ids:
-            if not _is_int(t) or t < 0:
+            if not _is_int(t) or not 0 <= t <= INT64_MAX:
                 _fail("stop_token_ids", f"must be non-negative integers, got {t!r}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            _fail("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 _fail("stop", f"stop strings must be non-empty strings, got {s!r}")
-        if not _is_int(self.min_loops) or self.min_loops < 1:
-            _fail("min_loops", f"must be an integer >= 1, got {self.min_loops!r}")
-        if self.max_loops is not None and (not _is_int(self.max_loops) or self.max_loops < self.min_loops):
-            _fail("max_loops", f"must be an integer >= min_loops ({self.min_loops}), got {self.max_loops!r}")
+        _int_in("min_loops", self.min_loops, 1, INT32_MAX)
+        if self.max_loops is not None and (not _is_int(self.max_loops)
+                                           or not self.min_loops <= self.max_loops <= INT32_MAX):
+            _fail("max_loops", f"must be an integer in [min_loops ({self.min_loops}), {INT32_MAX}], "
+                               f"got {self.max_loops!r}")
         if self.exit_threshold is not None and (
             not _is_num(self.exit_threshold) or not (0.0 <= self.exit_threshold <= 1.0)
         ):
             _fail("exit_threshold", f"must be in [0, 1], got {self.exit_threshold!r}")
-        if not _is_int(self.priority):
-            _fail("priority", f"must be an integer, got {self.priority!r}")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            _fail("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        _int_in("priority", self.priority, INT64_MIN, INT64_MAX)
+        if self.logprobs is not None:
+            _int_in("logprobs", self.logprobs, 0, MAX_LOGPROBS)
 
     @property
     def greedy(self) -> bool:
