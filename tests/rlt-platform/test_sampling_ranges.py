@@ -73,3 +73,73 @@ def test_non_finite_floats(field):
         with pytest.raises(InvalidRequestError) as e:
             SamplingParams(**{field: v})
         assert e.value.param == field
+
+
+# -- the tokenizer: lone surrogates, the characters-per-token bound, the GIL --------------------------
+def _tokenizer(tiny_checkpoint):
+    from rlt.platform.checkpoint.tokenizer import RltTokenizer
+
+    return RltTokenizer.from_dir(tiny_checkpoint(seed=1))
+
+
+def test_lone_surrogate_is_an_invalid_request(tiny_checkpoint):
+    tok = _tokenizer(tiny_checkpoint)
+    with pytest.raises(InvalidRequestError) as e:
+        tok.encode("ab\ud800c")
+    assert e.value.param == "prompt" and "U+D800" in str(e.value) and "character 2" in str(e.value)
+
+
+def test_chars_per_token_bound_holds(tiny_checkpoint):
+    import random
+
+    tok = _tokenizer(tiny_checkpoint)
+    k = tok.max_chars_per_token
+    assert k is not None and k >= 1
+    rng = random.Random(0)
+    alphabet = "ab c\n\t  é😀<|im_end|>" + "".join(chr(i) for i in range(32, 127))
+    for n in (1, 10, 100, 2000):
+        for _ in range(20):
+            text = "".join(rng.choice(alphabet) for _ in range(n))
+            assert len(text) <= k * len(tok.encode(text))
+    text = " " * 5000 + "<|im_end|>" * 300
+    assert len(text) <= k * len(tok.encode(text, True))
+
+
+def test_no_bound_when_a_normalizer_may_shorten_text(tiny_checkpoint, tmp_path):
+    import json
+    import shutil
+
+    from rlt.platform.checkpoint.tokenizer import RltTokenizer
+
+    path = tmp_path / "nfc"
+    shutil.copytree(tiny_checkpoint(seed=1), path)
+    spec = json.loads((path / "tokenizer.json").read_text())
+    spec["normalizer"] = {"type": "NFC"}
+    (path / "tokenizer.json").write_text(json.dumps(spec))
+    assert RltTokenizer.from_dir(path).max_chars_per_token is None
+
+
+def test_encode_releases_the_gil(tiny_checkpoint):
+    import threading
+    import time
+
+    tok = _tokenizer(tiny_checkpoint)
+    text = "hello world " * 200_000
+    ticks = []
+    done = threading.Event()
+
+    def encode():
+        tok.encode(text)
+        done.set()
+
+    t = threading.Thread(target=encode)
+    t0 = time.perf_counter()
+    t.start()
+    while not done.is_set():
+        ticks.append(time.perf_counter())
+        time.sleep(0.001)
+    t.join()
+    took = time.perf_counter() - t0
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    if took > 0.1:  # long enough to tell: the main thread kept running while it encoded
+        assert len(ticks) > 10 and max(gaps, default=0) < took * 0.8, (took, max(gaps, default=0))

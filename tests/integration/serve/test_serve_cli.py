@@ -164,3 +164,26 @@ def test_without_rlt_serve_serve_fails_in_one_line_and_generate_works(tiny_model
     assert len(json.loads(r.stdout)["token_ids"]) == 2
     r = _cli("serve", "--help", code=WITHOUT_RLT_SERVE)
     assert r.returncode == 0 and "--max-queue-len" not in r.stdout  # the http feature's flags are absent
+
+
+def test_docs_startup_example_shows_the_real_defaults():
+    """docs/serving.md's example startup output uses the defaults (issue 15: it showed 64, 320 and
+    a 65536-byte body limit), and its flag table lists every flag of the http feature."""
+    from pathlib import Path
+
+    import attrs
+
+    from rlt.serve.feature import HttpOptions
+
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "serving.md").read_text()
+    args = build_parser().parse_args(["serve"])
+    opts = HttpOptions()
+    capacity = args.max_num_seqs + opts.max_queue_len
+    assert f"max_num_seqs {args.max_num_seqs}, " in docs
+    assert (f"admission: at most {capacity} requests in flight (max_num_seqs + max_queue_len {opts.max_queue_len}); "
+            f"body limit {opts.max_body_bytes} bytes") in docs
+    srv = {"api_key_required": False, "api_docs": opts.api_docs, "body_read_timeout": opts.body_read_timeout,
+           "watchdog_timeout": opts.watchdog_timeout}
+    assert f"security:  {serve._security(srv)}" in docs
+    for field in attrs.fields(HttpOptions):
+        assert f"`{field.metadata['flag']}" in docs, field.metadata["flag"]

@@ -57,7 +57,8 @@ class HttpOptions:
         "flag": "--api-docs", "help": "serve /docs, /redoc and /openapi.json (default: off)"})
     body_read_timeout: float = attrs.field(default=30.0, validator=_at_least(0.0), metadata={
         "flag": "--body-read-timeout",
-        "help": "seconds a request body may take to arrive in full before the request gets 408 (default 30; 0: no limit)"})
+        "help": "seconds a request body may take to arrive in full before the request gets 408 "
+                "(default 30; 0: no limit)"})
     watchdog_timeout: float = attrs.field(default=60.0, validator=_at_least(0.0), metadata={
         "flag": "--watchdog-timeout",
         "help": "GET /health answers 503 once requests have waited this many seconds with no engine step "

@@ -92,7 +92,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     s.check_model(body.model)
     body.check()
     if body.prompt is not None:
-        ids = await s.encode(body.prompt, True if body.add_special_tokens is None else body.add_special_tokens, "prompt")
+        special = True if body.add_special_tokens is None else body.add_special_tokens
+        ids = await s.encode(body.prompt, special, "prompt")
     else:
         messages = [m.for_template(i) for i, m in enumerate(body.messages or [])]
         text = await s.render_chat(messages, add_generation_prompt=body.add_generation_prompt,

@@ -141,7 +141,8 @@ def _max_chars_per_token(tokenizer: Tokenizer) -> int | None:
     kind = model.get("type")
     if kind not in ("BPE", "WordPiece", "WordLevel", "Unigram"):
         return None
-    if kind in ("BPE", "Unigram") and model.get("fuse_unk", kind == "Unigram") and model.get("unk_token", model.get("unk_id")) is not None:
+    unk = model.get("unk_token", model.get("unk_id"))
+    if kind in ("BPE", "Unigram") and model.get("fuse_unk", kind == "Unigram") and unk is not None:
         return None  # a run of unknown characters becomes one token
     norm = spec.get("normalizer")
     parts = [] if norm is None else (norm.get("normalizers") or [] if norm.get("type") == "Sequence" else [norm])
