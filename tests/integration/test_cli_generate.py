@@ -58,6 +58,12 @@ def test_generate_demo_model_by_default(tmp_path):
     (["--prompt", "x" * 50, "--max-model-len", "8"], "maximum context length"),
     ([], "at least one --prompt"),
     (["--prompt", "x", "--attention-backend", "fa4"], "cannot run here"),
+    # values past the engine's int64 / int32 storage (issue 15: an OverflowError traceback)
+    (["--prompt", "x", "--top-k", str(2**63)], "top_k"),
+    (["--prompt", "x", "--min-tokens", str(2**63), "--max-tokens", "4"], "min_tokens"),
+    (["--prompt", "x", "--seed", str(2**64)], "seed"),
+    (["--prompt", "x", "--min-loops", str(2**31)], "min_loops"),
+    (["--prompt", "a\udc80b"], "lone surrogate"),
 ])
 def test_bad_inputs_one_line_no_traceback(tiny_checkpoint, args, message):
     if "--model" not in args:

@@ -5,6 +5,8 @@ in a route, engine faults), and the operational endpoints."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 
 import pytest
 from fastapi import APIRouter
@@ -62,19 +64,38 @@ def test_oversized_bodies_get_413_with_or_without_content_length(client):
     assert 'rlt:requests_rejected_total{model_name="tiny",reason="too_large"} 2.0' in text
 
 
-def test_a_defect_is_a_500_in_the_same_shape(client):
+def _error_id(message: str) -> str:
+    m = re.search(r"error id (err-[0-9a-f]+)", message)
+    assert m, message
+    return m.group(1)
+
+
+def _logged(caplog, error_id: str) -> str:
+    lines = [r.getMessage() + (r.exc_text or "") for r in caplog.records if error_id in r.getMessage()]
+    assert lines, f"{error_id} is not in the log"
+    return "\n".join(lines)
+
+
+def test_a_defect_is_a_500_with_an_error_id_not_its_text(client, caplog):
+    caplog.set_level(logging.ERROR, logger="rlt.serve")
     e = _is_error(client.get("/boom"), 500)
-    assert e["type"] == "InternalServerError" and "KeyError" in e["message"]
+    assert e["type"] == "InternalServerError" and "KeyError" not in e["message"] and "defect" not in e["message"]
+    record = next(r for r in caplog.records if _error_id(e["message"]) in r.getMessage())
+    assert record.exc_info and record.exc_info[0] is KeyError  # the log has the traceback, under the id
 
 
-def test_engine_fault_is_500_and_in_band_when_streaming(client):
+def test_engine_fault_is_500_and_in_band_when_streaming(client, caplog):
+    caplog.set_level(logging.ERROR, logger="rlt.serve")
     body = {"prompt": "hi", "max_tokens": 3, "top_k": POISON_TOP_K}
     e = _is_error(client.post("/v1/completions", json=body), 500)
-    assert "injected fault" in e["message"]
+    assert "injected fault" not in e["message"]
+    assert "injected fault" in _logged(caplog, _error_id(e["message"]))
     with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
         assert r.status_code == 200
         events = [line for line in r.iter_lines() if line]
-    assert json.loads(events[0][len("data: "):])["error"]["code"] == 500
+    err = json.loads(events[0][len("data: "):])["error"]
+    assert err["code"] == 500 and "injected fault" not in err["message"]
+    assert "injected fault" in _logged(caplog, _error_id(err["message"]))
     assert events[-1] == "data: [DONE]"
     ok = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3

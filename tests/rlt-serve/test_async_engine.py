@@ -9,6 +9,7 @@ guard (only the touched requests fail, the loop goes on, faults are counted), th
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -204,7 +205,7 @@ def test_fault_outside_the_engine_guard_is_contained(ckpt):
     assert 'rlt:engine_faults_total{model_name="tiny"} 1.0' in metrics.render().decode()
 
 
-def test_thread_death_fails_everything_and_reports_dead(ckpt):
+def test_thread_death_fails_everything_and_reports_dead(ckpt, caplog):
     async def main():
         engine = _engine(ckpt)
         real_stats = engine.stats
@@ -228,7 +229,11 @@ def test_thread_death_fails_everything_and_reports_dead(ckpt):
 
     final, front = asyncio.run(main())
     assert final.output is None and "engine thread died" in final.error
-    assert "SystemError" in front.dead_reason and front.in_flight == 0
+    # the reason (served by /health) names an error id, not the exception; the log has the traceback
+    assert "SystemError" not in front.dead_reason and front.in_flight == 0
+    error_id = re.search(r"error id (err-[0-9a-f]+)", front.dead_reason).group(1)
+    record = next(r for r in caplog.records if error_id in r.getMessage())
+    assert record.exc_info[0] is SystemError
 
 
 def test_stop_aborts_what_is_left(ckpt):

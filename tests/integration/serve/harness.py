@@ -5,6 +5,8 @@ The ``test_gate`` feature wraps the executor: every step first waits on a gate (
 ``POST /_test/gate/close``, opened with ``/_test/gate/open``; it reopens by itself after 60 s so
 a failed test cannot hang the server), and a step that runs a request with ``top_k == 317``
 raises, as an engine fault would. Tests use it to hold requests in flight deterministically.
+Admitting a request with ``top_k == 318`` raises right after its KV blocks were allocated —
+after the scheduler has taken a slot and reserved its KV — as the int64 overflow of issue 15 did: admission must give both back and answer the request with an error.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rlt_server.cli import build_parser
 from rlt_server.common import run_guarded
 
 POISON_TOP_K = 317
+POISON_ADMIT_TOP_K = 318
 GATE = threading.Event()
 GATE.set()
 router = APIRouter()
@@ -44,8 +47,20 @@ class GatedExecutor(Wrapped):
         return self.inner.execute(batch)
 
 
+class PoisonedAdmission(Wrapped):
+    """Wraps the KV manager: allocating for a request with the admission-poison top_k takes the
+    blocks, then fails — a fault after the scheduler took a slot and KV."""
+
+    def allocate(self, slot, request) -> bool:
+        ok = self.inner.allocate(slot, request)
+        if request.params.top_k == POISON_ADMIT_TOP_K:
+            raise RuntimeError("injected admission fault (test harness)")
+        return ok
+
+
 def _install(builder, options) -> None:
     builder.wrap("executor", lambda ctx, inner: GatedExecutor(inner))
+    builder.wrap("kv_manager", lambda ctx, inner: PoisonedAdmission(inner))
     builder.http_routers.append(router)
 
 

@@ -70,7 +70,9 @@ def test_startup_report_and_v1_engine_agree(tiny_server, tiny_model):
         assert any(line.split()[:2] == [name, row["package"]] for line in table)
         if not row["installed"]:
             assert row["reason"] == f"not installed (pip install {KNOWN_FEATURE_PACKAGES[name]})"
-    assert info["model"]["root"] == str(tiny_model) and info["model"]["served_model_names"] == ["tiny"]
+    # the model is named; its path is only in the startup log, never in a response
+    assert info["model"]["name"] == tiny_model.name and info["model"]["served_model_names"] == ["tiny"]
+    assert f"model:     {tiny_model} served as tiny" in out and str(tiny_model) not in json.dumps(info)
     assert info["engine"]["num_kv_blocks"] == 4096 and info["engine"]["max_num_seqs"] == 64
     assert info["server"]["capacity"] == 64 + 256 and info["server"]["max_body_bytes"] == 65536
 
@@ -162,3 +164,26 @@ def test_without_rlt_serve_serve_fails_in_one_line_and_generate_works(tiny_model
     assert len(json.loads(r.stdout)["token_ids"]) == 2
     r = _cli("serve", "--help", code=WITHOUT_RLT_SERVE)
     assert r.returncode == 0 and "--max-queue-len" not in r.stdout  # the http feature's flags are absent
+
+
+def test_docs_startup_example_shows_the_real_defaults():
+    """docs/serving.md's example startup output uses the defaults (issue 15: it showed 64, 320 and
+    a 65536-byte body limit), and its flag table lists every flag of the http feature."""
+    from pathlib import Path
+
+    import attrs
+
+    from rlt.serve.feature import HttpOptions
+
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "serving.md").read_text()
+    args = build_parser().parse_args(["serve"])
+    opts = HttpOptions()
+    capacity = args.max_num_seqs + opts.max_queue_len
+    assert f"max_num_seqs {args.max_num_seqs}, " in docs
+    assert (f"admission: at most {capacity} requests in flight (max_num_seqs + max_queue_len {opts.max_queue_len}); "
+            f"body limit {opts.max_body_bytes} bytes") in docs
+    srv = {"api_key_required": False, "api_docs": opts.api_docs, "body_read_timeout": opts.body_read_timeout,
+           "watchdog_timeout": opts.watchdog_timeout}
+    assert f"security:  {serve._security(srv)}" in docs
+    for field in attrs.fields(HttpOptions):
+        assert f"`{field.metadata['flag']}" in docs, field.metadata["flag"]

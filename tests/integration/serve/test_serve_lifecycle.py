@@ -5,6 +5,7 @@ SIGINT shut down gracefully."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import threading
@@ -129,7 +130,9 @@ def test_engine_fault_aborts_only_its_requests(gated):
         _gate(url, "open")
     assert bad_r.status_code == 500
     err = bad_r.json()["error"]
-    assert err["type"] == "InternalServerError" and "injected fault" in err["message"]
+    assert err["type"] == "InternalServerError" and "injected fault" not in err["message"]
+    error_id = re.search(r"error id (err-[0-9a-f]+)", err["message"]).group(1)
+    assert wait_for(lambda: any(error_id in line and "injected fault" in line for line in gated.stderr.splitlines()))
     assert good_r.status_code == 200 and good_r.json()["usage"]["completion_tokens"] == 3
     assert _count(url, faults) == before_faults + 1 and _count(url, errors) == before_errors + 1
     # streaming: the fault arrives in-band, then [DONE]

@@ -51,7 +51,7 @@ def add_parser(sub) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     g.add_argument("--port", type=port_number, default=8000)
     g.add_argument("--served-model-name", nargs="+", default=None,
-                   help="model name(s) clients use; the first is reported (default: the --model string)")
+                   help="model name(s) clients use; the first is reported (default: the --model directory's name)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     g.add_argument("--access-log", action="store_true", help="log every HTTP request")
     add_feature_flags(p)
@@ -79,7 +79,17 @@ def _import_serve():
 
 
 # -- startup text ------------------------------------------------------------------------------------
-def describe(info: dict[str, Any]) -> str:
+def _security(srv: dict[str, Any]) -> str:
+    if srv.get("api_key_required"):
+        ops = "open" if srv.get("public_health_metrics") else "behind the key too"
+        key = f"API key required (/health and /metrics {ops})"
+    else:
+        key = "no API key (--api-key or $RLT_API_KEY sets one)"
+    return (f"{key}; API docs {'on' if srv.get('api_docs') else 'off'}; "
+            f"body read timeout {srv.get('body_read_timeout', 0):g} s; watchdog {srv.get('watchdog_timeout', 0):g} s")
+
+
+def describe(info: dict[str, Any], model_path: str | None = None) -> str:
     plat, att, model, eng, srv = info["platform"], info["attention"], info["model"], info["engine"], info["server"]
     lines = [
         f"platform:  {plat['name']} (torch device {plat['device_type']}"
@@ -88,12 +98,13 @@ def describe(info: dict[str, Any]) -> str:
     ]
     lines += [f"           skipped {s['name']}: {s['reason']}" for s in att.get("skipped", ())]
     lines += [
-        f"model:     {model['root']} served as {', '.join(model['served_model_names'])} "
+        f"model:     {model_path or model['name']} served as {', '.join(model['served_model_names'])} "
         f"({model['dtype']}, max_model_len {model['max_model_len']}, {model['num_loops']} loops)",
         f"engine:    {eng['num_kv_blocks']} KV blocks x {eng['block_size']} tokens ({eng['kv_layout']}), "
         f"max_num_seqs {eng['max_num_seqs']}, max_num_batched_tokens {eng['max_num_batched_tokens']}",
         f"admission: at most {srv['capacity']} requests in flight (max_num_seqs + max_queue_len {srv['max_queue_len']}); "
         f"body limit {srv['max_body_bytes']} bytes",
+        f"security:  {_security(srv)}",
         "features:",
     ]
     lines += format_feature_table(info["features"])
@@ -108,11 +119,18 @@ def run(args: argparse.Namespace, extra_features: Sequence[Feature] = ()) -> int
     _require_http(p)
     config = engine_config(args)
     engine = p.build_engine(config)
-    names = args.served_model_name or [config.model or DEMO_NAME]
+    aliases = []
+    if args.served_model_name:
+        names = args.served_model_name
+    elif config.model:
+        names = [server.checkpoint_name(config.model)]
+        aliases = [config.model]  # accepted, never shown: it may be a filesystem path
+    else:
+        names = [DEMO_NAME]
     options = p.assembly.feature_options[HTTP_FEATURE]
     state = server.build_state(engine, statuses=p.table, options=options, served_names=names,
-                               host=args.host, port=args.port)
-    print(describe(state.info), flush=True)
+                               host=args.host, port=args.port, aliases=aliases)
+    print(describe(state.info, state.model_path), flush=True)
     return server.serve(state, p.assembly.http_routers, host=args.host, port=args.port, log_level=args.log_level,
                         access_log=args.access_log)
 

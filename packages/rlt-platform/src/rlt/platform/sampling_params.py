@@ -3,6 +3,13 @@
 Defaults follow vLLM (temperature 1.0, top_p 1.0, top_k off, max_tokens 16). rlt adds the loop
 controls: ``min_loops`` / ``max_loops`` bound the loops a generated token may run, and
 ``exit_threshold`` τ turns on adaptive exit (τ >= 1, the default, is fixed full depth).
+
+Every numeric field is checked against the range of the column the engine stores it in (its
+slot table: ``top_k``, ``min_tokens``, stop token ids and logprobs are int64, loop bounds int32,
+``temperature`` / ``top_p`` / ``exit_threshold`` float32), so a value that passes here can never
+fail later while the engine writes it; an out-of-range value raises :class:`InvalidRequestError`
+whose ``param`` names the field. Counts of stop strings and stop token ids are bounded too: each
+is checked on every generated token.
 """
 
 from __future__ import annotations
@@ -14,10 +21,18 @@ from rlt.platform.errors import InvalidRequestError
 from rlt.platform.validation import check_seed, is_int
 
 MAX_LOGPROBS = 20
+#: the most stop strings / stop token ids one request may give (each is checked per generated token)
+MAX_STOP_STRINGS = 256
+MAX_STOP_TOKEN_IDS = 1024
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
+#: the largest finite float32 (temperature and top_p are float32 on the device)
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _fail(field: str, message: str):
-    raise InvalidRequestError(f"{field}: {message}", field)
+    raise InvalidRequestError(f"{field}: {message}", param=field)
 
 
 _is_int = is_int
@@ -25,6 +40,11 @@ _is_int = is_int
 
 def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int_in(field: str, value, low: int, high: int, what: str | None = None) -> None:
+    if not _is_int(value) or not low <= value <= high:
+        _fail(field, f"must be {what or f'an integer in [{low}, {high}]'}, got {value!r}")
 
 
 @attrs.frozen
@@ -53,41 +73,43 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
 
     def __attrs_post_init__(self) -> None:
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            _fail("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
-        if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            _fail("min_tokens", f"must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None:
+            _int_in("max_tokens", self.max_tokens, 1, INT64_MAX, f"an integer in [1, {INT64_MAX}]")
+        _int_in("min_tokens", self.min_tokens, 0, INT64_MAX)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             _fail("min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if not _is_num(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
-            _fail("temperature", f"must be a finite number >= 0, got {self.temperature!r}")
+        if (not _is_num(self.temperature) or not math.isfinite(self.temperature)
+                or not 0 <= self.temperature <= FLOAT32_MAX):
+            _fail("temperature", f"must be a finite number in [0, {FLOAT32_MAX:.4g}] (0 = greedy), "
+                                 f"got {self.temperature!r}")
         if not _is_num(self.top_p) or not (0.0 < self.top_p <= 1.0):
             _fail("top_p", f"must be in (0, 1], got {self.top_p!r}")
-        if not _is_int(self.top_k) or self.top_k < -1:
-            _fail("top_k", f"must be -1, 0 (off) or a positive integer, got {self.top_k!r}")
+        _int_in("top_k", self.top_k, -1, INT64_MAX, f"-1 or 0 (off), or a positive integer up to {INT64_MAX}")
         check_seed(self.seed)
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            _fail("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} token ids, got {len(self.stop_token_ids)}")
         for t in self.stop_token_ids:
-            if not _is_int(t) or t < 0:
+            if not _is_int(t) or not 0 <= t <= INT64_MAX:
                 _fail("stop_token_ids", f"must be non-negative integers, got {t!r}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            _fail("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 _fail("stop", f"stop strings must be non-empty strings, got {s!r}")
-        if not _is_int(self.min_loops) or self.min_loops < 1:
-            _fail("min_loops", f"must be an integer >= 1, got {self.min_loops!r}")
-        if self.max_loops is not None and (not _is_int(self.max_loops) or self.max_loops < self.min_loops):
-            _fail("max_loops", f"must be an integer >= min_loops ({self.min_loops}), got {self.max_loops!r}")
+        _int_in("min_loops", self.min_loops, 1, INT32_MAX)
+        if self.max_loops is not None and (not _is_int(self.max_loops)
+                                           or not self.min_loops <= self.max_loops <= INT32_MAX):
+            _fail("max_loops", f"must be an integer in [min_loops ({self.min_loops}), {INT32_MAX}], "
+                               f"got {self.max_loops!r}")
         if self.exit_threshold is not None and (
             not _is_num(self.exit_threshold) or not (0.0 <= self.exit_threshold <= 1.0)
         ):
             _fail("exit_threshold", f"must be in [0, 1], got {self.exit_threshold!r}")
-        if not _is_int(self.priority):
-            _fail("priority", f"must be an integer, got {self.priority!r}")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            _fail("logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
-        if self.prompt_logprobs is not None and (
-            not _is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS
-        ):
-            _fail("prompt_logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs!r}")
+        _int_in("priority", self.priority, INT64_MIN, INT64_MAX)
+        if self.logprobs is not None:
+            _int_in("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _int_in("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         if not isinstance(self.include_stop_str_in_output, bool):
             _fail("include_stop_str_in_output", f"must be a boolean, got {self.include_stop_str_in_output!r}")
 

@@ -24,4 +24,5 @@ def check_token_ids(ids: Sequence, vocab_size: int, field: str = "prompt") -> No
 
 def check_seed(seed, field: str = "seed") -> None:
     if seed is not None and (not is_int(seed) or not SEED_MIN <= seed < SEED_END):
-        raise InvalidRequestError(f"{field}: must be an integer in the 64-bit range, got {seed!r}", field)
+        raise InvalidRequestError(f"{field}: must be an integer in the 64-bit range [{SEED_MIN}, {SEED_END - 1}], "
+                                  f"got {seed!r}", field)

@@ -17,6 +17,12 @@ with the error recorded). Anything else that escapes ``step()`` is caught here: 
 step was running are aborted with an error, the fault is logged and counted, and the loop goes on.
 Only if the thread itself dies does the front end fail every request and report itself dead.
 
+Watchdog: from the stats snapshots the thread publishes (``num_steps``, ``num_waiting``,
+``num_running``) and its own count of requests in flight, the front end notices when requests
+are waiting while no step has run for ``watchdog_timeout`` seconds (a step that never returns, or
+an engine that can no longer admit anything); ``stall_reason`` then says so and ``/health``
+answers 503, so an orchestrator restarts a server that would otherwise look healthy for ever.
+
 Must not: touch the engine from the event loop, or block the event loop on the engine.
 """
 
@@ -34,7 +40,7 @@ import attrs
 from rlt.platform.engine.engine import EngineStats, LLMEngine
 from rlt.platform.outputs import RequestOutput
 from rlt.platform.sampling_params import SamplingParams
-from rlt.serve.errors import EngineDead, Overloaded
+from rlt.serve.errors import EngineDead, Overloaded, new_error_id
 
 log = logging.getLogger("rlt.serve.engine")
 
@@ -92,9 +98,10 @@ class EngineThread(threading.Thread):
     def run(self) -> None:
         try:
             self._loop()
-        except BaseException as exc:  # noqa: BLE001 - the thread must report its death, whatever it is
-            self.dead_reason = f"engine thread died: {type(exc).__name__}: {exc}"
-            log.exception("engine thread died")
+        except BaseException:  # noqa: BLE001 - the thread must report its death, whatever it is
+            error_id = new_error_id()
+            log.exception("engine thread died [error id %s]", error_id)
+            self.dead_reason = f"engine thread died (error id {error_id}; the server log has the details)"
             self._died(self.dead_reason)
 
     def _loop(self) -> None:
@@ -190,12 +197,42 @@ class _Route:
     timer: Any  # metrics.RequestTimer
 
 
+class Watchdog:
+    """Tells when work is waiting but no engine step has run for ``timeout`` seconds.
+
+    Fed observations (steps so far, whether anything waits or runs) with their time; progress is
+    any change of the step count, and an idle engine is never stalled."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._steps: int | None = None
+        self._since = time.monotonic()
+        self._busy = False
+        self.warned = False
+
+    def observe(self, num_steps: int, busy: bool, now: float) -> None:
+        if not busy or num_steps != self._steps:
+            self._steps, self._since = num_steps, now
+            self.warned = False
+        self._busy = busy
+
+    def stalled_for(self, now: float) -> float | None:
+        """Seconds without a step while busy, once past the timeout; else None."""
+        if self.timeout <= 0 or not self._busy:
+            return None
+        idle = now - self._since
+        return idle if idle >= self.timeout else None
+
+
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, *, capacity: int, retry_after: int = 1, metrics=None) -> None:
+    def __init__(self, engine: LLMEngine, *, capacity: int, retry_after: int = 1, metrics=None,
+                 watchdog_timeout: float = 0.0) -> None:
         self.engine = engine
         self.capacity = capacity
         self.retry_after = retry_after
         self.metrics = metrics
+        self.watchdog = Watchdog(watchdog_timeout)
+        self._ticker: asyncio.Task | None = None
         self.in_flight = 0
         self._routes: dict[str, _Route] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -209,10 +246,40 @@ class AsyncEngine:
         self._thread = EngineThread(self.engine, self._deliver_threadsafe, self._admitted_threadsafe,
                                     self._died_threadsafe)
         self._thread.start()
+        if self.watchdog.timeout > 0:
+            self._ticker = asyncio.ensure_future(self._tick(min(1.0, self.watchdog.timeout / 4)))
+
+    async def _tick(self, interval: float) -> None:
+        while True:
+            self._watch()
+            await asyncio.sleep(interval)
+
+    def _watch(self) -> None:
+        st = self.stats()
+        busy = self.in_flight > 0 or st.num_running > 0 or st.num_waiting > 0
+        self.watchdog.observe(st.num_steps, busy, time.monotonic())
+
+    @property
+    def stall_reason(self) -> str | None:
+        """Why the engine counts as stalled (requests wait, no step for --watchdog-timeout s), or None."""
+        self._watch()
+        idle = self.watchdog.stalled_for(time.monotonic())
+        if idle is None:
+            return None
+        st = self.stats()
+        reason = (f"no engine step for {idle:.0f} s while requests wait (running {st.num_running}, waiting "
+                  f"{st.num_waiting}, in flight {self.in_flight}; --watchdog-timeout {self.watchdog.timeout:g})")
+        if not self.watchdog.warned:
+            self.watchdog.warned = True
+            log.error("engine stalled: %s", reason)
+        return reason
 
     async def stop(self, timeout: float = 30.0) -> None:
         """Abort whatever is still running, and join the engine thread."""
         self._stopping = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         thread = self._thread
         if thread is None or not thread.is_alive():
             return

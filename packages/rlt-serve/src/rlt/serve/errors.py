@@ -2,10 +2,15 @@
 
 Body: ``{"error": {"message", "type", "param", "code"}}`` with ``code`` = the HTTP status, as
 vLLM answers. Mapping: bad input of any kind (malformed JSON, wrong types, out-of-range values,
-rlt's :class:`InvalidRequestError`) -> 400 ``BadRequestError``; unknown model or route -> 404;
-oversized body -> 413; full queue -> 503 with ``Retry-After``; an engine fault -> 500. FastAPI's
-422 for validation errors is re-mapped to 400. Bad input must never surface as 500: only a
-defect does, and it is logged with its traceback.
+rlt's :class:`InvalidRequestError`, whose ``param`` becomes the body's) -> 400 ``BadRequestError``;
+a missing or wrong API key -> 401; unknown model or route -> 404; a body that does not arrive in
+time -> 408; oversized body -> 413; full queue -> 503 with ``Retry-After``; an engine fault -> 500.
+FastAPI's 422 for validation errors is re-mapped to 400. Bad input must never surface as 500:
+only a defect or an engine fault does, and its body says no more than an error id
+(``err-...``) that the log line with the details (and the traceback) also shows.
+
+Error bodies are written with ASCII escapes, so no text (not even a lone surrogate echoed from a
+request) can make the error response itself fail.
 
 This module knows nothing of the engine; it only formats errors.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,7 +33,7 @@ from rlt.platform.errors import RltError
 log = logging.getLogger("rlt.serve")
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
-          413: "PayloadTooLargeError", 429: "RateLimitError", 500: "InternalServerError",
+          408: "RequestTimeoutError", 413: "PayloadTooLargeError", 429: "RateLimitError", 500: "InternalServerError",
           501: "NotImplementedError", 503: "ServiceUnavailableError"}
 
 
@@ -37,6 +43,22 @@ def error_type(status: int) -> str:
 
 def error_body(status: int, message: str, param: str | None = None, type_: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_ or error_type(status), "param": param, "code": status}}
+
+
+class ErrorResponse(JSONResponse):
+    """A JSON error response rendered with ASCII escapes (any str is safe to put in it)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def new_error_id() -> str:
+    return f"err-{uuid.uuid4().hex[:16]}"
+
+
+def internal_message(error_id: str) -> str:
+    """What a 500 says: no exception text (it may name files, data or internals), only the id."""
+    return f"internal server error (error id {error_id}); the server log has the details under this id"
 
 
 class APIError(Exception):
@@ -57,7 +79,7 @@ class APIError(Exception):
         return error_body(self.status, self.message, self.param)
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        return ErrorResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 class BadRequest(APIError):
@@ -79,9 +101,15 @@ class Overloaded(APIError):
 
 
 class EngineFault(APIError):
-    """The engine failed while running this request (it was aborted; the server stays up)."""
+    """The engine failed while running this request (it was aborted; the server stays up). The
+    body carries only an error id; the engine's message is logged with it."""
 
     status = 500
+
+    def __init__(self, detail: str, request_id: str = "") -> None:
+        self.error_id = new_error_id()
+        log.error("request %s failed in the engine [error id %s]: %s", request_id or "?", self.error_id, detail)
+        super().__init__(internal_message(self.error_id))
 
 
 class EngineDead(APIError):
@@ -97,9 +125,31 @@ def param_of(message: str) -> str | None:
     return m.group(1) if m else None
 
 
-def from_rlt_error(exc: RltError) -> BadRequest:
+def from_rlt_error(exc: RltError, rename: dict[str, str] | None = None) -> BadRequest:
+    """400 for one of rlt's errors; ``param`` is the error's own (``InvalidRequestError.param``),
+    else read off the message's leading ``field:``; ``rename`` maps engine field names to the
+    request's (a chat request has ``messages``, not ``prompt``)."""
     message = str(exc)
-    return BadRequest(message, param_of(message))
+    param = getattr(exc, "param", None) or param_of(message)
+    if rename and param is not None:
+        head, dot, rest = param.partition(".")
+        if head in rename:
+            param = rename[head] + dot + rest
+    return BadRequest(message, param)
+
+
+def _shown(value: Any) -> str:
+    """A short JSON rendering of a rejected value (never the whole of a huge one)."""
+    if isinstance(value, str) and len(value) > 80:
+        value = value[:80]
+    elif isinstance(value, (list, tuple)) and len(value) > 16:
+        value = list(value[:16])
+    elif isinstance(value, dict) and len(value) > 16:
+        value = dict(list(value.items())[:16])
+    try:
+        return json.dumps(value)[:80]
+    except (TypeError, ValueError, RecursionError):
+        return ""
 
 
 def _loc_param(loc: tuple) -> str | None:
@@ -129,13 +179,10 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if param is None:
         return msg, None
     extra = "" if len(errors) == 1 or kind.startswith("value_error") else f" ({len(errors)} errors; first shown)"
-    got = first.get("input")
     shown = ""
     if kind != "missing" and not kind.startswith("value_error"):
-        try:
-            shown = f", got {json.dumps(got)[:80]}"
-        except (TypeError, ValueError):
-            shown = ""
+        text = _shown(first.get("input"))
+        shown = f", got {text}" if text else ""
     return f"{param}: {msg}{shown}{extra}", param
 
 
@@ -150,6 +197,8 @@ def _count(request: Request, exc: Exception) -> None:
         metrics.on_rejected("overloaded")
     elif isinstance(exc, (BadRequest, RltError, RequestValidationError)):
         metrics.on_rejected("bad_request")
+    elif isinstance(exc, StarletteHTTPException) and exc.status_code == 408:
+        metrics.on_rejected("timeout")
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -167,19 +216,26 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError):
         _count(request, exc)
         message, param = validation_message(exc)
-        return JSONResponse(error_body(400, message, param), status_code=400)
+        return ErrorResponse(error_body(400, message, param), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        _count(request, exc)
         status = exc.status_code
         detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
         if status == 404 and detail == "Not Found":
             detail = f"no route {request.method} {request.url.path}"
         elif status == 405:
             detail = f"method {request.method} is not allowed on {request.url.path}"
-        return JSONResponse(error_body(status, detail), status_code=status, headers=getattr(exc, "headers", None))
+        if status >= 500:  # never echo internals
+            error_id = new_error_id()
+            log.error("HTTP %d serving %s %s [error id %s]: %s", status, request.method, request.url.path,
+                      error_id, detail)
+            detail = internal_message(error_id)
+        return ErrorResponse(error_body(status, detail), status_code=status, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
-        log.exception("unhandled error serving %s %s", request.method, request.url.path)
-        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}"), status_code=500)
+        error_id = new_error_id()
+        log.exception("unhandled error serving %s %s [error id %s]", request.method, request.url.path, error_id)
+        return ErrorResponse(error_body(500, internal_message(error_id)), status_code=500)

@@ -2,12 +2,15 @@
 table (installed / available / enabled), model and engine configuration, server limits.
 
 The CLI prints it at startup and ``GET /v1/engine`` serves it (plus live stats), so the two can
-never disagree. Plain data in, plain dict out: no I/O, no engine calls after construction.
+never disagree. It names the model (``model.name``: the checkpoint directory's name) but holds no
+filesystem path: the startup log adds the path, responses never carry one. Plain data in, plain
+dict out: no I/O, no engine calls after construction.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+from pathlib import Path
 from typing import Any, Iterable
 
 from rlt.platform.engine.engine import LLMEngine
@@ -26,6 +29,12 @@ def platform_info(platform: Platform) -> dict[str, Any]:
             "capabilities": sorted(c.value for c in platform.capabilities)}
 
 
+def checkpoint_name(model_dir) -> str:
+    """The name of a checkpoint (its directory's name), for responses that must not hold its path."""
+    path = Path(str(model_dir))
+    return path.name or path.resolve().name or "model"
+
+
 def _status_dict(st) -> dict[str, Any]:
     return dict(st) if isinstance(st, dict) else st.as_dict()
 
@@ -40,7 +49,7 @@ def engine_info(engine: LLMEngine, *, statuses: Iterable, served_names: list[str
                       "skipped": [{"name": n, "reason": why} for n, why in sel.skipped]},
         "features": [_status_dict(st) for st in statuses],
         "model": {
-            "root": str(engine.model_dir), "served_model_names": list(served_names),
+            "name": checkpoint_name(engine.model_dir), "served_model_names": list(served_names),
             "dtype": str(engine.dtype).removeprefix("torch."), "max_model_len": engine.max_model_len,
             "num_loops": engine.num_loops, "vocab_size": engine.model.shape.vocab_size,
         },

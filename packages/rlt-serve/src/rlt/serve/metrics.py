@@ -3,10 +3,11 @@
 Names follow vLLM's with an ``rlt:`` prefix, so dashboards map over: engine requests by outcome
 (``rlt:requests_total{outcome=stop|length|abort|error}``; each of n choices is one engine
 request), HTTP requests rejected before reaching the engine (``rlt:requests_rejected_total
-{reason}``), client disconnects, engine faults, prompt and generated tokens, running / waiting /
-in-flight requests and KV usage (read from the engine thread's latest stats snapshot at scrape
-time), and the latency histograms TTFT, TPOT, ITL, end-to-end and queue time, plus the exit depth
-of every generated token (``rlt:token_exit_depth``; sum / count is the mean) and its running mean.
+{reason}``: bad_request, not_found, overloaded, too_large, timeout, unauthorized), client
+disconnects, engine faults, prompt and generated tokens, running / waiting / in-flight requests
+and KV usage (read from the engine thread's latest stats snapshot at scrape time), and the
+latency histograms TTFT, TPOT, ITL, end-to-end and queue time, plus the exit depth of every
+generated token (``rlt:token_exit_depth``; sum / count is the mean) and its running mean.
 
 Times are measured on one monotonic clock: arrival when the front end admits the request, token
 times when the engine thread finished the step that produced them.
@@ -51,7 +52,8 @@ class ServerMetrics:
         self.requests = Counter("rlt:requests", "Engine requests by how they ended (stop|length|abort|error).",
                                 lab + ["outcome"], registry=r)
         self.rejected = Counter("rlt:requests_rejected",
-                                "HTTP requests refused before running (bad_request|not_found|overloaded|too_large).",
+                                "HTTP requests refused before running "
+                                "(bad_request|not_found|overloaded|too_large|timeout|unauthorized).",
                                 lab + ["reason"], registry=r)
         self.disconnects = Counter("rlt:client_disconnects", "Requests whose client went away before the end.",
                                    lab, registry=r).labels(m)
@@ -91,7 +93,7 @@ class ServerMetrics:
         self.model_name = model_name
         for outcome in ("stop", "length", "abort", "error"):
             self.requests.labels(m, outcome)
-        for reason in ("bad_request", "not_found", "overloaded", "too_large"):
+        for reason in ("bad_request", "not_found", "overloaded", "too_large", "timeout", "unauthorized"):
             self.rejected.labels(m, reason)
 
     def bind_in_flight(self, fn) -> None:

@@ -2,11 +2,13 @@
 
 OpenAI-compatible: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
 ``GET /v1/models/{id}``. vLLM's ``GET /tokenizer_info`` (special tokens, maximum length, chat
-template: what lm-eval's ``tokenizer_backend=remote`` reads). Operations: ``GET /health`` (200 while the engine thread runs, 503 otherwise; the body names the
-attention backend and why it was chosen), ``GET /metrics`` (Prometheus), ``GET /version``,
+template: what lm-eval's ``tokenizer_backend=remote`` reads). Operations: ``GET /health`` (200
+while the engine thread runs and is not stalled, 503 otherwise; the body names the attention
+backend and why it was chosen, or why it is unhealthy), ``GET /metrics`` (Prometheus), ``GET /version``,
 ``POST /tokenize``, ``POST /detokenize``, and rlt's ``GET /v1/engine`` (platform, attention
 backend, feature table, engine configuration and live stats — what the server printed at
-startup). The handlers only unpack and delegate; the logic is in :mod:`rlt.serve.serving`.
+startup). No response holds a filesystem path: the model is named, its directory is only in the
+startup log. The handlers only unpack and delegate; the logic is in :mod:`rlt.serve.serving`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from rlt.serve.info import _version
 from rlt.serve.metrics import CONTENT_TYPE_LATEST
 from rlt.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from rlt.serve.serving import create_chat_completion, create_completion
-from rlt.serve.state import ServerState
+from rlt.serve.state import ServerState, check_text
 
 router = APIRouter()
 
@@ -66,6 +68,9 @@ async def health(request: Request) -> JSONResponse:
     attention = s.info.get("attention", {})
     if not s.engine.alive:
         return JSONResponse({"status": "unhealthy", "reason": s.engine.dead_reason}, status_code=503)
+    stalled = s.engine.stall_reason
+    if stalled is not None:
+        return JSONResponse({"status": "unhealthy", "reason": stalled}, status_code=503)
     return JSONResponse({"status": "ok", "attention_backend": attention.get("name"),
                          "attention_reason": attention.get("reason")})
 
@@ -86,7 +91,7 @@ async def engine_info(request: Request) -> JSONResponse:
     s = _state(request)
     st = s.engine.stats()
     live = {
-        "alive": s.engine.alive, "dead_reason": s.engine.dead_reason,
+        "alive": s.engine.alive, "dead_reason": s.engine.dead_reason, "stall_reason": s.engine.stall_reason,
         "num_running": st.num_running, "num_waiting": st.num_waiting, "kv_usage": st.kv_usage,
         "num_kv_blocks": st.num_kv_blocks, "num_free_kv_blocks": st.num_free_kv_blocks,
         "num_steps": st.num_steps, "num_faults": st.num_faults + s.engine.thread_faults,
@@ -98,17 +103,19 @@ async def engine_info(request: Request) -> JSONResponse:
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     s = _state(request)
+    check_text(body)
     body.warn_unknown("/tokenize")
     s.check_model(body.model)
     body.check()
     if body.prompt is not None:
-        ids = await s.encode(body.prompt, True if body.add_special_tokens is None else body.add_special_tokens)
+        special = True if body.add_special_tokens is None else body.add_special_tokens
+        ids = await s.encode(body.prompt, special, "prompt")
     else:
         messages = [m.for_template(i) for i, m in enumerate(body.messages or [])]
         text = await s.render_chat(messages, add_generation_prompt=body.add_generation_prompt,
                                    continue_final_message=body.continue_final_message,
                                    template_kwargs=body.chat_template_kwargs)
-        ids = await s.encode(text, bool(body.add_special_tokens))
+        ids = await s.encode(text, bool(body.add_special_tokens), "messages")
     out = {"count": len(ids), "max_model_len": s.max_model_len, "tokens": ids}
     if body.return_token_strs:
         out["token_strs"] = [s.token_str(t) for t in ids]
@@ -121,4 +128,4 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
     body.warn_unknown("/detokenize")
     s.check_model(body.model)
     s.check_token_ids(body.tokens, "tokens")
-    return JSONResponse({"prompt": s.tokenizer.decode(body.tokens, skip_special_tokens=False)})
+    return JSONResponse({"prompt": await s.decode(body.tokens, skip_special_tokens=False)})

@@ -12,6 +12,7 @@ Must not: parse command lines (the app does) or import feature packages.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -23,8 +24,8 @@ from rlt.platform.checkpoint.tokenizer import RltTokenizer
 from rlt.platform.engine.engine import LLMEngine
 from rlt.serve.app import create_app
 from rlt.serve.async_engine import AsyncEngine
-from rlt.serve.feature import HttpOptions
-from rlt.serve.info import engine_info
+from rlt.serve.feature import API_KEY_ENV, HttpOptions
+from rlt.serve.info import checkpoint_name, engine_info
 from rlt.serve.metrics import ServerMetrics
 from rlt.serve.state import ServerState
 
@@ -33,22 +34,40 @@ log = logging.getLogger("rlt.serve")
 _BACKSTOP_S = 5
 
 
+def resolve_api_key(options: HttpOptions, environ=os.environ) -> str | None:
+    """``--api-key``, else ``$RLT_API_KEY`` (an empty variable is no key), else None."""
+    if options.api_key is not None:
+        return options.api_key
+    key = environ.get(API_KEY_ENV, "").strip()
+    return key or None
+
+
 def build_state(engine: LLMEngine, *, statuses: Iterable, options: HttpOptions, served_names: list[str],
-                host: str = "127.0.0.1", port: int = 8000) -> ServerState:
+                host: str = "127.0.0.1", port: int = 8000, aliases: Iterable[str] = ()) -> ServerState:
+    """``aliases``: further model names requests may use that are never listed (such as the
+    ``--model`` path, accepted for clients that send it but not shown)."""
     if not served_names:
         raise ValueError("give at least one served model name")
     capacity = engine.config.max_num_seqs + options.max_queue_len
     metrics = ServerMetrics(served_names[0], engine.num_loops)
-    front = AsyncEngine(engine, capacity=capacity, retry_after=options.retry_after, metrics=metrics)
+    front = AsyncEngine(engine, capacity=capacity, retry_after=options.retry_after, metrics=metrics,
+                        watchdog_timeout=options.watchdog_timeout)
     metrics.bind_in_flight(lambda: front.in_flight)
+    api_key = resolve_api_key(options)
     server = {"host": host, "port": port, "max_queue_len": options.max_queue_len, "capacity": capacity,
               "max_body_bytes": options.max_body_bytes, "max_n": options.max_n,
-              "retry_after": options.retry_after, "shutdown_timeout": options.shutdown_timeout}
+              "retry_after": options.retry_after, "shutdown_timeout": options.shutdown_timeout,
+              "body_read_timeout": options.body_read_timeout, "watchdog_timeout": options.watchdog_timeout,
+              "api_key_required": api_key is not None,
+              "public_health_metrics": options.public_health_metrics or api_key is None,
+              "api_docs": options.api_docs}
     info = engine_info(engine, statuses=statuses, served_names=served_names, server=server)
     return ServerState(
         engine=front, tokenizer=RltTokenizer.from_dir(engine.model_dir), served_names=list(served_names),
-        model_root=str(engine.model_dir), max_model_len=engine.max_model_len,
+        model_root=checkpoint_name(engine.model_dir), max_model_len=engine.max_model_len,
         vocab_size=engine.model.shape.vocab_size, options=options, metrics=metrics, info=info,
+        model_path=str(engine.model_dir), api_key=api_key,
+        aliases=[a for a in aliases if a and a not in served_names],
     )
 
 

@@ -1,7 +1,10 @@
 """Completions and chat completions: from a validated request to engine requests, and from the
 engine's outputs to OpenAI responses — one JSON body, or SSE chunks ending with ``data: [DONE]``.
 
-- Prompts are tokenised here (off the event loop, in a worker thread); the engine gets token ids.
+- Requests are checked before any work that grows with them: every text must be valid Unicode,
+  a request needing more engine requests (prompts x n) than the server can ever hold is a 400,
+  and prompts are bounded by the context length before they are tokenised in full (see
+  :mod:`rlt.serve.state`); tokenising runs off the event loop. The engine gets token ids.
 - Each prompt x each of ``n`` choices is its own engine request; choice ``i`` samples with
   ``seed + i`` when a seed is given. Choice index = ``prompt_index * n + i`` (vLLM's order).
 - Usage is counted from real token ids: each prompt's tokens once, every choice's generated tokens.
@@ -18,7 +21,8 @@ engine's outputs to OpenAI responses — one JSON body, or SSE chunks ending wit
   ends, so a stop string split across tokens is never partly sent.
 - A client that goes away cancels its handler; every unfinished engine request of it is aborted,
   which frees its KV. An engine fault is a 500 (or, once streaming has begun, an in-band
-  ``data: {"error": ...}`` event followed by ``data: [DONE]``).
+  ``data: {"error": ...}`` event followed by ``data: [DONE]``) whose message is only an error id;
+  the engine's own message is logged under that id.
 """
 
 from __future__ import annotations
@@ -33,12 +37,13 @@ from typing import Any, AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from rlt.platform.errors import RltError
 from rlt.platform.outputs import RequestOutput, TokenLogprob
 from rlt.platform.sampling_params import SamplingParams
 from rlt.serve.async_engine import Generation
-from rlt.serve.errors import EngineFault, error_body
+from rlt.serve.errors import EngineFault, from_rlt_error
 from rlt.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, seed_for_choice
-from rlt.serve.state import ServerState
+from rlt.serve.state import ServerState, check_text
 
 DONE = "data: [DONE]\n\n"
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -310,7 +315,7 @@ async def _collect(job: _Job, gen: Generation) -> JSONResponse:
     try:
         async for item in gen:
             if item.error is not None or (item.output is not None and item.output.error):
-                raise EngineFault(item.error or item.output.error)
+                raise EngineFault(item.error or item.output.error, item.request_id)
             if item.output is not None and item.output.finished:
                 finals[item.index] = item.output
     finally:
@@ -362,7 +367,7 @@ async def _stream(job: _Job, gen: Generation) -> AsyncIterator[str]:
             error = item.error or (item.output.error if item.output is not None else None)
             if error is not None:
                 job.completed = True
-                yield sse(error_body(500, error))
+                yield sse(EngineFault(error, item.request_id).body())
                 yield DONE
                 return
             for c in opening:
@@ -405,19 +410,29 @@ async def _respond(job: _Job, request: Request) -> Response:
 
 
 # -- endpoints -----------------------------------------------------------------------------------------
+def _check_fits(state: ServerState, num_prompts: int, n: int) -> None:
+    if n > state.engine.capacity:
+        state.check_fits(n, "n")
+    state.check_fits(num_prompts * n, "prompt")
+
+
 async def create_completion(state: ServerState, body: CompletionRequest, request: Request) -> Response:
+    check_text(body)
     body.warn_unknown("/v1/completions")
     model = state.check_model(body.model)
     body.check_supported(state.options.max_n)
     params = body.to_params()
     items, _batch = body.prompts()
+    _check_fits(state, len(items), body.n)
     prompt_ids: list[list[int]] = []
     prefixes: list[str] = []
     for p, item in enumerate(items):
         if isinstance(item, str):
-            ids = await state.encode(item, body.add_special_tokens)
+            ids = await state.encode(item, body.add_special_tokens, "prompt")
+            state.check_prompt_len(len(ids), "prompt")
             text = item
         else:
+            state.check_prompt_len(len(item), "prompt")
             state.check_token_ids(item, "prompt")
             ids = item
             text = state.tokenizer.decode(item, skip_special_tokens=False) if body.echo else ""
@@ -428,18 +443,31 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
+    check_text(body)
     body.warn_unknown("/v1/chat/completions")
     model = state.check_model(body.model)
     body.check_supported(state.options.max_n)
-    params = body.to_params()
+    # the engine names its own fields; a chat request has messages, and maybe max_completion_tokens
+    rename = {"prompt": "messages"}
+    if body.max_completion_tokens is not None:
+        rename["max_tokens"] = "max_completion_tokens"
+    try:
+        params = body.to_params()
+    except RltError as exc:
+        raise from_rlt_error(exc, rename) from None
+    _check_fits(state, 1, body.n)
     messages = body.template_messages()
     text = await state.render_chat(messages, add_generation_prompt=body.add_generation_prompt,
                                    continue_final_message=body.continue_final_message,
                                    template_kwargs=body.chat_template_kwargs)
-    ids = await state.encode(text, body.add_special_tokens)
+    ids = await state.encode(text, body.add_special_tokens, "messages")
+    state.check_prompt_len(len(ids), "messages")
     prefix = ""
     if body.echo and messages[-1].get("role") == "assistant":
         prefix = messages[-1].get("content") or ""
     job = _Job(state, body, ChatFormat(state), model, [ids], [prefix], params, body.top_logprobs or 0)
-    return await _respond(job, request)
+    try:
+        return await _respond(job, request)
+    except RltError as exc:
+        raise from_rlt_error(exc, rename) from None
 

@@ -7,11 +7,18 @@ which Huginn's template uses to mark assistant text and which renders as its bod
 variables pass through: ``enable_thinking`` of the Ouro Thinking and Nanbeige templates; Huginn's
 template itself renders role ``assistant`` as ``Huginn``. Prompts rendered from a template are
 encoded without adding special tokens.
+
+``encode`` releases the GIL while it runs (the ``tokenizers`` batch path), so a long prompt
+tokenised in a worker thread does not stall the other threads; text with a lone surrogate
+(which Rust strings cannot hold) is an :class:`InvalidRequestError`, not a ``TypeError``.
+``max_chars_per_token`` bounds how many characters one token can stand for, so a caller can
+refuse text that cannot fit a context before tokenising it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +28,15 @@ import jinja2.sandbox
 from tokenizers import Tokenizer
 
 from rlt.platform.errors import CheckpointError, InvalidRequestError
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def first_surrogate(text: str) -> int:
+    """Index of the first lone surrogate in ``text`` (not valid Unicode text), or -1."""
+    m = _SURROGATE.search(text)
+    return -1 if m is None else m.start()
 
 
 def _token_text(value: Any) -> str | None:
@@ -50,6 +66,8 @@ class RltTokenizer:
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
         self._template = None
+        self._encode_batch = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
+        self._max_chars = _max_chars_per_token(tokenizer)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "RltTokenizer":
@@ -87,7 +105,22 @@ class RltTokenizer:
         return self._tok.token_to_id(token)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            # the batch path runs without the GIL (plain encode holds it throughout)
+            return self._encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        except TypeError:
+            at = first_surrogate(text) if isinstance(text, str) else -1
+            if at < 0:
+                raise
+            raise InvalidRequestError(f"prompt: has a lone surrogate (U+{ord(text[at]):04X}) at character {at}; "
+                                      "text must be valid Unicode", param="prompt") from None
+
+    @property
+    def max_chars_per_token(self) -> int | None:
+        """An upper bound on the characters of input text one token covers, or None when the
+        tokenizer has no such bound (a fused unknown token, or a normalizer that may drop text).
+        Text longer than ``n * max_chars_per_token`` characters has more than ``n`` tokens."""
+        return self._max_chars
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -119,6 +152,35 @@ class RltTokenizer:
             )
         except jinja2.exceptions.TemplateError as exc:
             raise InvalidRequestError(f"chat template failed: {exc}") from None
+
+
+#: normalizers that never make the text shorter (so characters per token stay bounded by the vocab)
+_LENGTH_SAFE_NORMALIZERS = frozenset({"Prepend", "Lowercase", "NFD", "NFKD"})
+
+
+def _max_chars_per_token(tokenizer: Tokenizer) -> int | None:
+    try:
+        spec = json.loads(tokenizer.to_str())
+    except Exception:  # noqa: BLE001 - no bound rather than a failure
+        return None
+    model = spec.get("model") or {}
+    kind = model.get("type")
+    if kind not in ("BPE", "WordPiece", "WordLevel", "Unigram"):
+        return None
+    unk = model.get("unk_token", model.get("unk_id"))
+    if kind in ("BPE", "Unigram") and model.get("fuse_unk", kind == "Unigram") and unk is not None:
+        return None  # a run of unknown characters becomes one token
+    norm = spec.get("normalizer")
+    parts = [] if norm is None else (norm.get("normalizers") or [] if norm.get("type") == "Sequence" else [norm])
+    if any((p or {}).get("type") not in _LENGTH_SAFE_NORMALIZERS for p in parts):
+        return None
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    # Byte-level vocabularies spell one byte per character, so this is bytes (>= characters) per
+    # token; others spell the text itself (a byte-fallback token "<0xE2>" over-counts: still a bound).
+    longest = max((len(t) for t in vocab), default=1)
+    if kind == "WordPiece":  # an unknown word up to this many characters is one [UNK]
+        longest = max(longest, int(model.get("max_input_chars_per_word") or 100))
+    return max(1, longest)
 
 
 class IncrementalDetokenizer:

@@ -104,12 +104,9 @@ class LoopScheduler:
                                            f"{self.kv.blocks_for(req.max_positions, req.max_loops)}, "
                                            f"{self.kv.num_free} free")
                     break
-                try:
-                    self.slots.assign(slot, req)
-                except BaseException:
-                    self.kv.free(slot)
-                    raise
+                self.slots.assign(slot, req)
             except Exception as exc:  # noqa: BLE001 - whatever failed, the request gets it as its error
+                self.kv.free(slot)  # whatever was taken for it (freeing an empty slot is a no-op)
                 self._free_slots.append(slot)
                 heapq.heappop(self._waiting)
                 req.status = RequestStatus.FINISHED

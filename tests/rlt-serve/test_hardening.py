@@ -1,0 +1,208 @@
+"""Issue 15's pieces in-process: the watchdog, the API key check, the body read timeout, the search
+for lone surrogates, bounded tokenising (the prefix probe for a tokenizer with no per-token bound),
+and ``param`` taken from rlt's errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from starlette.testclient import TestClient
+
+from rlt.platform import EngineConfig, InvalidRequestError, LLMEngine
+from rlt.platform.features import FeatureStatus
+from rlt.serve.app import create_app
+from rlt.serve.async_engine import Watchdog
+from rlt.serve.auth import ApiKeyAuth
+from rlt.serve.errors import BadRequest, from_rlt_error
+from rlt.serve.feature import HttpOptions
+from rlt.serve.limits import BodySizeLimit
+from rlt.serve.protocol import ChatCompletionRequest
+from rlt.serve.routes import router
+from rlt.serve.server import build_state, resolve_api_key
+from rlt.serve.state import PROBE_CHARS_PER_TOKEN, find_lone_surrogate
+
+
+# -- watchdog ------------------------------------------------------------------------------------
+def test_watchdog_trips_only_when_busy_without_steps():
+    w = Watchdog(5.0)
+    w.observe(10, busy=False, now=0.0)
+    assert w.stalled_for(100.0) is None  # idle is never stalled
+    w.observe(10, busy=True, now=1.0)
+    assert w.stalled_for(4.0) is None
+    assert w.stalled_for(5.5) == pytest.approx(5.5)  # busy since the last idle observation (0.0)
+    w.observe(11, busy=True, now=6.0)  # a step ran
+    assert w.stalled_for(10.0) is None and w.stalled_for(11.5) == pytest.approx(5.5)
+    w.observe(11, busy=False, now=12.0)
+    assert w.stalled_for(30.0) is None
+    assert Watchdog(0).stalled_for(1e9) is None  # 0: off
+
+
+# -- ASGI middleware ------------------------------------------------------------------------------
+async def _echo_body(scope, receive, send):
+    body = b""
+    while True:
+        m = await receive()
+        body += m.get("body", b"")
+        if not m.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _call(app, headers=(), chunks=((b"{}", False),), path="/v1/completions", gap=0.0):
+    sent = []
+
+    async def main():
+        queue = list(chunks)
+
+        async def receive():
+            if not queue:
+                await asyncio.sleep(3600)
+            body, more = queue.pop(0)
+            if gap:
+                await asyncio.sleep(gap)
+            return {"type": "http.request", "body": body, "more_body": more}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": path, "headers": list(headers)}
+        try:
+            await app(scope, receive, send)
+        except Exception as exc:  # noqa: BLE001 - what the app's exception handlers would see
+            return exc
+        return None
+
+    exc = asyncio.run(main())
+    return exc, sent
+
+
+def test_api_key_middleware():
+    app = ApiKeyAuth(_echo_body, "k3y", open_paths=("/health",))
+    for headers in ((), [(b"authorization", b"Bearer wrong")], [(b"authorization", b"k3y")],
+                    [(b"authorization", b"Basic k3y")], [(b"authorization", b"Bearer k3y2")]):
+        _, sent = _call(app, headers)
+        assert sent[0]["status"] == 401 and (b"www-authenticate", b"Bearer") in sent[0]["headers"]
+        body = json.loads(sent[1]["body"])
+        assert body["error"]["type"] == "AuthenticationError" and body["error"]["code"] == 401
+    for value in (b"Bearer k3y", b"bearer k3y", b"Bearer  k3y "):
+        _, sent = _call(app, [(b"authorization", value)])
+        assert sent[0]["status"] == 200, value
+    _, sent = _call(app, (), path="/health")
+    assert sent[0]["status"] == 200
+
+
+def test_api_key_from_flag_then_environment():
+    assert resolve_api_key(HttpOptions(api_key="flag"), {"RLT_API_KEY": "env"}) == "flag"
+    assert resolve_api_key(HttpOptions(), {"RLT_API_KEY": "env"}) == "env"
+    assert resolve_api_key(HttpOptions(), {"RLT_API_KEY": "  "}) is None
+    assert resolve_api_key(HttpOptions(), {}) is None
+    assert "flag" not in repr(HttpOptions(api_key="flag"))
+    with pytest.raises(ValueError, match="--api-key"):
+        HttpOptions(api_key="")
+
+
+def test_body_read_timeout():
+    app = BodySizeLimit(_echo_body, max_bytes=10_000, read_timeout=0.3)
+    exc, _ = _call(app, chunks=[(b"{", True)])  # then nothing more ever arrives
+    assert exc is not None and exc.status_code == 408 and "--body-read-timeout" in exc.detail
+    t0 = time.monotonic()
+    exc, _ = _call(app, chunks=[(b"x", True)] * 50, gap=0.05)  # a trickle: each chunk in time, the whole not
+    assert exc.status_code == 408 and time.monotonic() - t0 < 1.0
+    exc, sent = _call(app, chunks=[(b"ab", True), (b"cd", False)], gap=0.05)
+    assert exc is None and sent[1]["body"] == b"abcd"
+    exc, sent = _call(BodySizeLimit(_echo_body, max_bytes=10_000, read_timeout=0), chunks=[(b"x", False)], gap=0.5)
+    assert exc is None  # 0: no limit
+
+
+# -- text ----------------------------------------------------------------------------------------
+def test_find_lone_surrogate_names_the_field():
+    body = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "fine"}, {"role": "user", "content": [{"type": "text",
+                                                                                       "text": "x\udc00"}]}]})
+    assert find_lone_surrogate(body) == ("messages.1.content.0.text", 1, "\udc00")
+    assert find_lone_surrogate({"prompt": ["a", "b\ud800"]}) == ("prompt.1", 1, "\ud800")
+    assert find_lone_surrogate({"a": {"b\ud800": 1}}) == ("a", 1, "\ud800")
+    assert find_lone_surrogate({"prompt": list(range(100_000)), "x": "é😀"}) is None
+
+
+def test_param_comes_from_the_error_and_is_renamed_for_chat():
+    assert from_rlt_error(InvalidRequestError("prompt has 300 tokens", param="prompt")).param == "prompt"
+    assert from_rlt_error(InvalidRequestError("top_k: bad")).param == "top_k"  # read off the message
+    assert from_rlt_error(InvalidRequestError("no field here")).param is None
+    chat = {"prompt": "messages", "max_tokens": "max_completion_tokens"}
+    assert from_rlt_error(InvalidRequestError("x", param="prompt"), chat).param == "messages"
+    assert from_rlt_error(InvalidRequestError("x", param="max_tokens"), chat).param == "max_completion_tokens"
+    assert from_rlt_error(InvalidRequestError("x", param="max_loops"), chat).param == "max_loops"
+
+
+# -- bounded tokenising ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def state(tiny_checkpoint):
+    engine = LLMEngine(EngineConfig(model=str(tiny_checkpoint(seed=5)), dtype="float32", num_kv_blocks=64,
+                                    max_num_seqs=2, max_model_len=64))
+    status = FeatureStatus("http", "rlt-serve", True, True, True, "enabled")
+    return build_state(engine, statuses=[status], options=HttpOptions(), served_names=["tiny"])
+
+
+class _Counting:
+    """Wraps the tokenizer: counts characters tokenised; optionally claims no per-token bound."""
+
+    def __init__(self, inner, bound) -> None:
+        self.inner, self.bound, self.chars = inner, bound, 0
+
+    @property
+    def max_chars_per_token(self):
+        return self.bound
+
+    def encode(self, text, add_special_tokens=False):
+        self.chars += len(text)
+        return self.inner.encode(text, add_special_tokens)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("bound", ["vocab", None])
+def test_a_long_prompt_is_refused_after_bounded_work(state, bound):
+    inner = state.tokenizer
+    tok = _Counting(inner, inner.max_chars_per_token if bound == "vocab" else None)
+    state.tokenizer = tok
+    try:
+        with pytest.raises(BadRequest) as e:
+            asyncio.run(state.encode("hello world " * 200_000, True, "prompt"))
+        assert e.value.param == "prompt" and "maximum context length of 64 tokens" in e.value.message
+        if bound == "vocab":
+            assert tok.chars == 0  # refused by length alone
+        else:
+            assert tok.chars <= PROBE_CHARS_PER_TOKEN * 64  # one probe, not the 2.4 M characters
+        # few tokens for many characters (the vocab's longest token, repeated): probed, then tokenised whole
+        piece = max((inner.decode([i], skip_special_tokens=False) for i in range(inner.vocab_size)), key=len)
+        dense = piece * (PROBE_CHARS_PER_TOKEN * 64 // len(piece) + 1)
+        assert len(dense) > PROBE_CHARS_PER_TOKEN * 64 and len(inner.encode(dense, False)) < 64
+        ids = asyncio.run(state.encode(dense, False, "prompt"))
+        assert ids == inner.encode(dense, False)
+        assert asyncio.run(state.encode("short", False, "prompt")) == inner.encode("short", False)
+    finally:
+        state.tokenizer = inner
+
+
+def test_never_fits_is_a_400(state):
+    cap = state.engine.capacity
+    state.check_fits(cap, "n")
+    with pytest.raises(BadRequest) as e:
+        state.check_fits(cap + 1, "n")
+    assert e.value.status == 400 and e.value.param == "n" and "can never be admitted" in e.value.message
+
+
+def test_docs_switch(state):
+    assert create_app(state, [router]).openapi_url is None
+    state.options = HttpOptions(api_docs=True)
+    try:
+        with TestClient(create_app(state, [router])) as c:
+            assert c.get("/openapi.json").status_code == 200 and c.get("/docs").status_code == 200
+    finally:
+        state.options = HttpOptions()
