@@ -69,7 +69,8 @@ from rlt_probe import ProbeOptions
 greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 base = LLM({str(tiny_model)!r}, dtype="float32", num_kv_blocks=256)
 probed = LLM({str(tiny_model)!r}, dtype="float32", num_kv_blocks=256,
-             features={{"probe": ProbeOptions(chunk=3, veto_top_k=7, log={str(log)!r})}})
+             features={{"probe": ProbeOptions(chunk=3, veto_top_k=7, log={str(log)!r}),
+                        "static_buffers": False}})  # every step through the probe's wrappers
 prompt = list(range(5, 16))
 a, b = base.generate([prompt], greedy)[0], probed.generate([prompt], greedy)[0]
 try:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from rlt.platform.features import KNOWN_FEATURE_PACKAGES, Feature, discover_features
+from rlt.platform.config import EngineConfig
 from rlt.platform.platforms import Capability
 from rlt_server import common, serve
 from rlt_server.cli import build_parser
@@ -178,8 +179,8 @@ def test_docs_startup_example_shows_the_real_defaults():
     docs = (Path(__file__).resolve().parents[3] / "docs" / "serving.md").read_text()
     args = build_parser().parse_args(["serve"])
     opts = HttpOptions()
-    capacity = args.max_num_seqs + opts.max_queue_len
-    assert f"max_num_seqs {args.max_num_seqs}, " in docs
+    capacity = EngineConfig().max_num_seqs + opts.max_queue_len
+    assert f"max_num_seqs {EngineConfig().max_num_seqs}, " in docs
     assert (f"admission: at most {capacity} requests in flight (max_num_seqs + max_queue_len {opts.max_queue_len}); "
             f"body limit {opts.max_body_bytes} bytes") in docs
     srv = {"api_key_required": False, "api_docs": opts.api_docs, "body_read_timeout": opts.body_read_timeout,
