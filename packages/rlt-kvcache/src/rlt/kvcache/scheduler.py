@@ -303,7 +303,11 @@ class KVCacheScheduler:
         row = self._rows.pop(victim)
         self._running.remove(victim)
         slot = victim.slot
-        mode = self._mode(victim, row)
+        target = self._resume_at.pop(victim, None)
+        if target is not None:  # preempted again while recomputing: keep recomputing towards the same row
+            row, mode = target, "recompute"
+        else:
+            mode = self._mode(victim, row)
         saved = Preempted(row, mode, pages=self.kv.num_pages(slot))
         c = self.counters
         c.preemptions += 1
@@ -320,7 +324,6 @@ class KVCacheScheduler:
             self._executor().release(slot)
         self._free_slots.append(slot)
         self._last_slot[victim] = slot
-        self._resume_at.pop(victim, None)
         victim.status = RequestStatus.WAITING
         victim.slot = -1
         self._preempted[victim] = saved
