@@ -18,6 +18,8 @@ def scheduler_metrics(c) -> list[FeatureMetric]:
         FeatureMetric("kv_swapped_in_bytes", c.swapped_in_bytes, "Bytes of KV copied back from host memory."),
         FeatureMetric("kv_recompute_tokens", c.recompute_tokens, "Positions recomputed to restore preempted KV."),
         FeatureMetric("kv_resumed", c.resumed, "Preempted requests resumed."),
+        FeatureMetric("kv_resumed_in_other_slot", c.resumed_in_other_slot,
+                      "Preempted requests resumed in a different slot than they left."),
         FeatureMetric("kv_growth_stalls", c.stalls, "Rows deferred one step because their KV could not grow."),
     ]
 
