@@ -47,7 +47,7 @@ PRESETS = {
         incremental=dict(prompt=128, max_tokens=2048, stop_at=128, jitter=32, full_slots=16, requests=96,
                          max_num_seqs=128),
         prefix=dict(system=2048, suffix=32, out=32, requests=64),
-        priority=dict(low=96, low_out=256, high=8, high_out=64, prompt=128, max_num_seqs=32, high_after=40),
+        priority=dict(low=96, low_out=128, high=8, high_out=32, prompt=128, max_num_seqs=32, high_after=40),
     ),
     "cpu-tiny": dict(
         incremental=dict(prompt=16, max_tokens=256, stop_at=12, jitter=4, full_slots=2, requests=12,
