@@ -43,6 +43,7 @@ from rlt.kvcache.swap import HostSwapper, SwappedKV
 from rlt.platform.engine.exit_policy import is_adaptive
 from rlt.platform.engine.interfaces import FeatureMetric, Row, StepPlan, StepResult
 from rlt.platform.engine.request import Request, RequestStatus
+from rlt.platform.engine.scheduler import LoopScheduler
 
 
 @attrs.define(eq=False)
@@ -128,13 +129,9 @@ class KVCacheScheduler:
     def add(self, request: Request) -> None:
         heapq.heappush(self._waiting, (self.key(request), request))
 
-    def first_chunk_len(self, num_prompt: int) -> int:
-        if self.layout is KVLayout.SHARED:
-            return 1
-        return num_prompt if self.chunk_limit is None else min(num_prompt, self.chunk_limit)
-
-    def chunk_len(self, request: Request, start: int) -> int:
-        return self.first_chunk_len(request.num_prompt - start)
+    # Prompt chunking is the base policy's (public methods over ``layout`` and ``chunk_limit``).
+    first_chunk_len = LoopScheduler.first_chunk_len
+    chunk_len = LoopScheduler.chunk_len
 
     def _prompt_row(self, req: Request, slot: int, start: int) -> Row:
         n = self.chunk_len(req, start)
