@@ -11,10 +11,23 @@ from rlt.kvcache.options import PreemptionOptions, PrefixCacheOptions
 from rlt.platform import EngineConfig, SamplingParams
 from rlt.platform.checkpoint import load_checkpoint
 from rlt.platform.composition import build_engine
+from rlt.platform.features import Feature
 from rlt.platform.models.ouro_reference import reference_generate
 
 
-def kv_engine(path, *, preemption: PreemptionOptions | None = None, prefix_cache: bool = False, **config):
+def _chunking(limit: int) -> Feature:
+    """A test feature that caps prompt chunks, as rlt-prefill does (the policy's ``chunk_limit``)."""
+
+    def cap(ctx, inner):
+        inner.chunk_limit = limit
+        return inner
+
+    return Feature(name="zz_chunking", package="tests", description="prompt chunks of at most {limit} tokens",
+                   install=lambda builder, _options: builder.wrap("scheduler", cap))
+
+
+def kv_engine(path, *, preemption: PreemptionOptions | None = None, prefix_cache: bool = False,
+              chunk_limit: int | None = None, **config):
     """An fp32 engine with the chosen rlt-kvcache features (only those) over ``path``."""
     enabled = {"preemption": preemption is not None, "prefix_cache": prefix_cache}
     options = {}
@@ -24,7 +37,8 @@ def kv_engine(path, *, preemption: PreemptionOptions | None = None, prefix_cache
         options["prefix_cache"] = PrefixCacheOptions()
     config.setdefault("block_size", 4)
     cfg = EngineConfig(model=str(path), dtype="float32", **config)
-    return build_engine(cfg, features=FEATURES, enabled=enabled, options=options)
+    extra = [_chunking(chunk_limit)] if chunk_limit is not None else []
+    return build_engine(cfg, features=FEATURES, enabled=enabled, options=options, extra_features=extra)
 
 
 def base_engine(path, **config):

@@ -91,8 +91,9 @@ def test_shared_layout_preemption_matches_its_oracle(tiny_checkpoint):
 def test_chunked_prompts_with_preemption(tiny_checkpoint):
     path = tiny_checkpoint(seed=3)
     items = [(p, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)) for p in prompts(4, seed=3, lo=9, hi=13)]
-    engine = kv_engine(path, preemption=PreemptionOptions(mode="recompute"), max_num_batched_tokens=16, **TINY_POOL)
-    engine.ctx.parts.scheduler.chunk_limit = 5  # as rlt-prefill sets it: recompute runs in chunks too
+    # prompt chunks of 5 (as rlt-prefill sets them): recompute runs in chunks too
+    engine = kv_engine(path, preemption=PreemptionOptions(mode="recompute"), max_num_batched_tokens=16, chunk_limit=5,
+                       **TINY_POOL)
     outs = run(engine, items)
     assert_matches_reference(path, items, outs)
     assert metrics(engine)["kv_recompute_tokens"] > 0

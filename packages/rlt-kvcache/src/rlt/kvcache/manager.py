@@ -54,7 +54,7 @@ class KVCacheManager:
         self._namespace = namespace
         self.block_tables = np.zeros((max_num_seqs, num_planes, max_pages), dtype=np.int32)
         self._slots: dict[int, SlotPages] = {}
-        self._step_blocks: frozenset[int] = frozenset()
+        self._step_pages: list[list[tuple[int, ...]]] = []
         # prefix-cache counters
         self.query_tokens = 0
         self.hit_tokens = 0
@@ -214,11 +214,12 @@ class KVCacheManager:
 
     # -- the step fence --------------------------------------------------------------------------
     def open_step(self, slots: Iterable[int]) -> None:
-        self._step_blocks = frozenset(b for s in slots for page in self._slots[s].pages for b in page)
+        # the page lists themselves (no copy: O(rows)); they do not change while the step is open
+        self._step_pages = [self._slots[s].pages for s in slots]
         self.pool.open_fence()
 
     def close_step(self) -> None:
-        self._step_blocks = frozenset()
+        self._step_pages = []
         self.pool.close_fence()
 
     def feature_metrics(self) -> list:
@@ -264,7 +265,8 @@ class KVCacheManager:
                 raise KVAuditError(f"block {b} is held and free")
             if not held and b not in free and b not in limbo:
                 raise KVAuditError(f"block {b} leaked: no owner, not free")
-        if self._step_blocks & free:
-            raise KVAuditError(f"blocks read by the open step were freed: {sorted(self._step_blocks & free)[:8]}")
+        step_blocks = {b for pages in self._step_pages for page in pages for b in page}
+        if step_blocks & free:
+            raise KVAuditError(f"blocks read by the open step were freed: {sorted(step_blocks & free)[:8]}")
         if self.num_free != len(free) + evictable_blocks:
             raise KVAuditError("num_free disagrees with the pool and the index")
