@@ -6,7 +6,7 @@ the base manager. With a :class:`PrefixIndex` (``prefix_cache=True``) admission 
 cached pages of the prompt's longest cached prefix (whole pages, never the page holding the last
 prompt token's position: that token is always recomputed, its hidden state produces the first
 token); prompt pages are published once a prompt chunk covering them has run all its loops.
-Cached pages nobody else holds count as free and are evicted LRU when blocks are needed.
+Cached pages nobody else holds count as free and are evicted LRU when blocks are needed (a released chain becomes evictable tail first, so its head stays reachable longest).
 
 The step fence: :meth:`open_step` when a step that reads the slots' pages is handed to the
 executor, :meth:`close_step` when it completed; blocks released in between are held back until
@@ -205,7 +205,7 @@ class KVCacheManager:
         self.block_tables[slot] = 0
         if sp is None:
             return
-        for page in sp.pages:
+        for page in reversed(sp.pages):  # deeper pages become evictable first: a chain loses its tail first
             self.pool.decref(page)
             if self.index is not None:
                 e = self.index.by_block.get(page[0])
