@@ -156,7 +156,12 @@ def compose(assembly, features: Iterable[Feature], enabled: dict[str, bool],
         assembly.feature_options[f.name] = opts
         if f.install is not None:
             f.install(assembly.for_feature(f.name), opts)
-    return statuses
+    # An options class may say how it is set (``summary() -> str``): shown in the feature table.
+    out = []
+    for st in statuses:
+        summary = getattr(assembly.feature_options.get(st.name), "summary", None) if st.enabled else None
+        out.append(attrs.evolve(st, reason=f"enabled: {summary()}") if callable(summary) else st)
+    return out
 
 
 def absent_feature_message(flag: str, statuses: Iterable[FeatureStatus], known: dict[str, str]) -> str | None:

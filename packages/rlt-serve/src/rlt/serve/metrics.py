@@ -5,9 +5,11 @@ Names follow vLLM's with an ``rlt:`` prefix, so dashboards map over: engine requ
 request), HTTP requests rejected before reaching the engine (``rlt:requests_rejected_total
 {reason}``: bad_request, not_found, overloaded, too_large, timeout, unauthorized), client
 disconnects, engine faults, prompt and generated tokens, running / waiting / in-flight requests
-and KV usage (read from the engine thread's latest stats snapshot at scrape time), and the
-latency histograms TTFT, TPOT, ITL, end-to-end and queue time, plus the exit depth of every
-generated token (``rlt:token_exit_depth``; sum / count is the mean) and its running mean.
+and KV usage (read from the engine thread's latest stats snapshot at scrape time), what engine
+components report through ``EngineStats.feature_metrics`` (e.g. rlt-kvcache's preemption and
+prefix-cache counters, as ``rlt:<name>``), and the latency histograms TTFT, TPOT, ITL, end-to-end
+and queue time, plus the exit depth of every generated token (``rlt:token_exit_depth``; sum /
+count is the mean) and its running mean.
 
 Times are measured on one monotonic clock: arrival when the front end admits the request, token
 times when the engine thread finished the step that produced them.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401 - re-exported for the /metrics route
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from rlt.platform.engine.engine import EngineStats
 from rlt.platform.outputs import RequestOutput
@@ -42,6 +45,25 @@ class RequestTimer:
     last_token: float | None = None
     tokens: int = 0
     depths_seen: int = 0
+
+
+class _FeatureMetrics:
+    """What engine components report (``EngineStats.feature_metrics``), as ``rlt:<name>``: read from
+    the latest stats snapshot at scrape time."""
+
+    def __init__(self, owner: "ServerMetrics") -> None:
+        self.owner = owner
+
+    def describe(self) -> list:
+        return []  # the names are known only once the engine reports them
+
+    def collect(self):
+        stats = self.owner._stats
+        for m in (stats.feature_metrics if stats is not None else ()):
+            family = CounterMetricFamily if m.kind == "counter" else GaugeMetricFamily
+            metric = family(f"rlt:{m.name}", m.help or m.name, labels=["model_name"])
+            metric.add_metric([self.owner.model_name], float(m.value))
+            yield metric
 
 
 class ServerMetrics:
@@ -91,6 +113,7 @@ class ServerMetrics:
         g("rlt:mean_exit_depth", "Mean loops per generated token so far.").set_function(
             lambda: self._depth_sum / self._depth_count if self._depth_count else 0.0)
         self.model_name = model_name
+        r.register(_FeatureMetrics(self))
         for outcome in ("stop", "length", "abort", "error"):
             self.requests.labels(m, outcome)
         for reason in ("bad_request", "not_found", "overloaded", "too_large", "timeout", "unauthorized"):

@@ -24,6 +24,7 @@ from rlt.platform.engine.assembly import EngineAssembly
 from rlt.platform.engine.context import build_context
 from rlt.platform.engine.core import EngineCore
 from rlt.platform.engine.input_processor import InputProcessor
+from rlt.platform.engine.interfaces import COMPONENTS
 from rlt.platform.engine.output_processor import OutputProcessor
 from rlt.platform.errors import InvalidRequestError
 from rlt.platform.outputs import RequestOutput
@@ -42,6 +43,8 @@ class EngineStats:
     num_faults: int
     #: why the head of the waiting queue waits (None when nothing waits for a resource)
     blocked_reason: str | None = None
+    #: what components report through ``feature_metrics()`` (see interfaces.FeatureMetric)
+    feature_metrics: tuple = ()
 
 
 class LLMEngine:
@@ -158,7 +161,16 @@ class LLMEngine:
         s, kv = self.ctx.parts.scheduler, self.ctx.parts.kv_manager
         total = kv.num_blocks
         return EngineStats(s.num_running, s.num_waiting, 0.0 if total == 0 else 1.0 - kv.num_free / total,
-                           total, kv.num_free, self.core.num_steps, self.core.num_faults, s.blocked_reason)
+                           total, kv.num_free, self.core.num_steps, self.core.num_faults, s.blocked_reason,
+                           self._feature_metrics())
+
+    def _feature_metrics(self) -> tuple:
+        seen: dict[str, Any] = {}
+        for name in COMPONENTS:
+            report = getattr(getattr(self.ctx.parts, name), "feature_metrics", None)
+            for m in (report() if callable(report) else ()):
+                seen.setdefault(m.name, m)
+        return tuple(seen.values())
 
     # -- stepping --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

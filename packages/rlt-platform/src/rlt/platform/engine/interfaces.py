@@ -110,6 +110,19 @@ class StepResult:
 
 
 @attrs.frozen
+class FeatureMetric:
+    """One number a component reports for ``/metrics`` (as ``rlt:<name>``, ``_total`` added to
+    counters). Any component may define ``feature_metrics() -> Iterable[FeatureMetric]``; the
+    engine collects them into ``EngineStats.feature_metrics`` (first of a name wins, so a wrapper
+    that delegates does not report twice). ``kind``: "counter" (monotone) or "gauge"."""
+
+    name: str
+    value: float
+    help: str = ""
+    kind: str = "counter"
+
+
+@attrs.frozen
 class KVSpec:
     """Shape of the device KV storage."""
 
