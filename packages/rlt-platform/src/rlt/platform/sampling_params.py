@@ -3,6 +3,8 @@
 Defaults follow vLLM (temperature 1.0, top_p 1.0, top_k off, max_tokens 16). rlt adds the loop
 controls: ``min_loops`` / ``max_loops`` bound the loops a generated token may run, and
 ``exit_threshold`` τ turns on adaptive exit (τ >= 1, the default, is fixed full depth).
+``speculation`` asks for self-speculation (rlt-spec): drafts of ``num_tokens`` tokens with
+``draft_loops`` loops; its model-dependent limits are checked by the feature that serves it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,34 @@ _is_int = is_int
 
 def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@attrs.frozen
+class Speculation:
+    """Per-request self-speculation: ``num_tokens`` drafts per round (0: none) made with
+    ``draft_loops`` loops (None: the engine's default)."""
+
+    num_tokens: int
+    draft_loops: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if not _is_int(self.num_tokens) or self.num_tokens < 0:
+            _fail("speculation.num_tokens", f"must be an integer >= 0, got {self.num_tokens!r}")
+        if self.draft_loops is not None and (not _is_int(self.draft_loops) or self.draft_loops < 1):
+            _fail("speculation.draft_loops", f"must be an integer >= 1, got {self.draft_loops!r}")
+
+
+def _speculation(value) -> Speculation | None:
+    if value is None or isinstance(value, Speculation):
+        return value
+    if not isinstance(value, dict):
+        _fail("speculation", f"must be an object {{num_tokens, draft_loops}}, got {value!r}")
+    unknown = sorted(set(value) - {"num_tokens", "draft_loops"})
+    if unknown:
+        _fail("speculation", f"unknown field(s) {', '.join(unknown)} (allowed: num_tokens, draft_loops)")
+    if "num_tokens" not in value:
+        _fail("speculation.num_tokens", "is required")
+    return Speculation(**value)
 
 
 @attrs.frozen
@@ -51,6 +81,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     #: keep the stop string that ended the request at the end of the text (vLLM's option).
     include_stop_str_in_output: bool = False
+    #: self-speculation for this request (a :class:`Speculation` or a dict of its fields)
+    speculation: Speculation | None = attrs.field(default=None, converter=_speculation)
 
     def __attrs_post_init__(self) -> None:
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):

@@ -71,6 +71,12 @@ class Row:
     def deeper(self) -> "Row":
         return attrs.evolve(self, depth=self.depth + 1)
 
+    def token_ids(self) -> Sequence[int]:
+        """The input tokens of the row's positions (read for depth-0 rows). The request's own tokens
+        here; a row subclass whose positions hold tokens the request has not produced (speculative
+        drafts) overrides it."""
+        return self.request.all_token_ids[self.start:self.end]
+
 
 @attrs.frozen(eq=False)
 class StepPlan:
