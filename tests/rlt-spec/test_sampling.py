@@ -32,10 +32,10 @@ def _target(ref, prefix):
 
 def test_speculative_sampling_matches_the_full_depth_distribution(spec_checkpoints):
     path = spec_checkpoints[0]
-    engine = spec_engine(path, max_num_seqs=256)
+    engine = spec_engine(path, max_num_seqs=128, max_num_batched_tokens=4096)
     stats = SpecStats()
     engine.add_observer(stats)
-    params = [SamplingParams(max_tokens=3, temperature=TEMP, top_k=TOP_K, seed=s, ignore_eos=True,
+    params = [SamplingParams(max_tokens=4, temperature=TEMP, top_k=TOP_K, seed=s, ignore_eos=True,
                              speculation={"num_tokens": 2, "draft_loops": 1}) for s in range(N)]
     outs = drain(engine, [(f"s{i}", PROMPT, p) for i, p in enumerate(params)])
     assert stats.rounds > 0 and 0 < stats.accepted < stats.drafted  # both accept and reject paths
