@@ -163,7 +163,9 @@ class StaticBatchBuilder(Wrapped):
         return next(b for b in self.row_buckets if b >= rows)
 
     def build(self, rows: Sequence[Row]):
-        if not rows or len(rows) > self.row_buckets[-1] or any(r.in_prompt for r in rows):
+        # only plain decode rows: prompt chunks, and rows of other features (a Row subclass, e.g.
+        # speculative drafts) go to the inner builder
+        if not rows or len(rows) > self.row_buckets[-1] or any(r.in_prompt or type(r) is not Row for r in rows):
             return self.inner.build(rows)
         n = len(rows)
         bucket = self.bucket_for(n)

@@ -39,6 +39,9 @@ class Feature:
     #: install(builder, options) applies the feature (builder: an assembly FeatureInstaller).
     install: Callable[[Any, Any], None] | None = None
     enabled_by_default: bool = True
+    #: non-empty: the feature is registered but cannot run on any platform yet (it is listed as not
+    #: available with this reason, and its flags are refused with it)
+    unavailable: str = ""
 
     def missing(self, platform: Platform) -> frozenset[Capability]:
         return frozenset(c for c in self.requires if not platform.has(c))
@@ -77,6 +80,9 @@ def feature_statuses(platform: Platform, features: Iterable[Feature], enabled: d
     rows = []
     for f in features:
         missing = f.missing(platform)
+        if f.unavailable:
+            rows.append(FeatureStatus(f.name, f.package, True, False, False, f.unavailable))
+            continue
         if missing:
             rows.append(FeatureStatus(f.name, f.package, True, False, False,
                                       f"{platform.name} lacks {', '.join(sorted(c.value for c in missing))}"))

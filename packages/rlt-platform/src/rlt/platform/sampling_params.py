@@ -10,6 +10,8 @@ slot table: ``top_k``, ``min_tokens``, stop token ids and logprobs are int64, lo
 fail later while the engine writes it; an out-of-range value raises :class:`InvalidRequestError`
 whose ``param`` names the field. Counts of stop strings and stop token ids are bounded too: each
 is checked on every generated token.
+``speculation`` asks for self-speculation (rlt-spec): drafts of ``num_tokens`` tokens with
+``draft_loops`` loops; its model-dependent limits are checked by the feature that serves it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,34 @@ def _int_in(field: str, value, low: int, high: int, what: str | None = None) -> 
 
 
 @attrs.frozen
+class Speculation:
+    """Per-request self-speculation: ``num_tokens`` drafts per round (0: none) made with
+    ``draft_loops`` loops (None: the engine's default)."""
+
+    num_tokens: int
+    draft_loops: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if not _is_int(self.num_tokens) or self.num_tokens < 0:
+            _fail("speculation.num_tokens", f"must be an integer >= 0, got {self.num_tokens!r}")
+        if self.draft_loops is not None and (not _is_int(self.draft_loops) or self.draft_loops < 1):
+            _fail("speculation.draft_loops", f"must be an integer >= 1, got {self.draft_loops!r}")
+
+
+def _speculation(value) -> Speculation | None:
+    if value is None or isinstance(value, Speculation):
+        return value
+    if not isinstance(value, dict):
+        _fail("speculation", f"must be an object {{num_tokens, draft_loops}}, got {value!r}")
+    unknown = sorted(set(value) - {"num_tokens", "draft_loops"})
+    if unknown:
+        _fail("speculation", f"unknown field(s) {', '.join(unknown)} (allowed: num_tokens, draft_loops)")
+    if "num_tokens" not in value:
+        _fail("speculation.num_tokens", "is required")
+    return Speculation(**value)
+
+
+@attrs.frozen
 class SamplingParams:
     max_tokens: int | None = 16
     min_tokens: int = 0
@@ -71,6 +101,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     #: keep the stop string that ended the request at the end of the text (vLLM's option).
     include_stop_str_in_output: bool = False
+    #: self-speculation for this request (a :class:`Speculation` or a dict of its fields)
+    speculation: Speculation | None = attrs.field(default=None, converter=_speculation)
 
     def __attrs_post_init__(self) -> None:
         if self.max_tokens is not None:

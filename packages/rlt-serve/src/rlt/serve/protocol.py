@@ -97,6 +97,8 @@ class SamplingFields(_Body):
     min_loops: int | None = None
     max_loops: int | None = None
     exit_threshold: float | None = None
+    #: rlt extension: self-speculation {num_tokens, draft_loops} (needs rlt-spec's self_spec feature)
+    speculation: dict[str, Any] | None = None
     #: rlt/vLLM extension: return generated (and prompt) token ids in each choice
     return_token_ids: bool = False
     #: vLLM extension: the logprob of every prompt token (the first is null), plus the top-k
@@ -158,7 +160,7 @@ class SamplingFields(_Body):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             min_loops=1 if self.min_loops is None else self.min_loops,
-            max_loops=self.max_loops, exit_threshold=self.exit_threshold,
+            max_loops=self.max_loops, exit_threshold=self.exit_threshold, speculation=self.speculation,
         )
         if kwargs["top_k"] == -1:
             kwargs["top_k"] = 0

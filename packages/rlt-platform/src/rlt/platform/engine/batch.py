@@ -86,7 +86,7 @@ class RowBatchBuilder:
         num_single = int((group == 1).sum())
 
         # Tokens of depth-0 rows (decode rows: the token sampled last; prompt rows: their slice).
-        pieces = [r.request.token_ids(r.start, r.end) for r in rows[:num_depth0]]
+        pieces = [r.token_ids() for r in rows[:num_depth0]]
         embed_ids = np.fromiter((t for p in pieces for t in p), np.int64)
 
         cu = np.zeros(len(slots) + 1, np.int64)

@@ -65,6 +65,9 @@ class InputProcessor:
         if params.prompt_logprobs is not None and not getattr(executor, "supports_prompt_logprobs", False):
             raise InvalidRequestError(f"prompt_logprobs: this engine's executor ({type(executor).__name__}) "
                                       "cannot compute prompt logprobs; leave prompt_logprobs unset", "prompt_logprobs")
+        if params.speculation is not None and not getattr(self.scheduler, "accepts_speculation", False):
+            raise InvalidRequestError("speculation: this engine does not speculate; enable the self_spec feature "
+                                      "(rlt-spec, --self-spec) or leave speculation unset", "speculation")
         check_token_ids(params.stop_token_ids, vocab, "stop_token_ids")
         threshold = params.exit_threshold if params.exit_threshold is not None else ctx.default_threshold
         if threshold < 1.0 and not ctx.model.has_exit_gate:

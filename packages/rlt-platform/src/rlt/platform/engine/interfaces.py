@@ -69,7 +69,15 @@ class Row:
         return self.start + self.length
 
     def deeper(self) -> "Row":
+        if type(self) is not Row:  # a subclass keeps its type and fields
+            return attrs.evolve(self, depth=self.depth + 1)
         return Row(self.request, self.slot, self.start, self.length, self.depth + 1, self.samples, self.in_prompt)
+
+    def token_ids(self) -> Sequence[int]:
+        """The input tokens of the row's positions (read for depth-0 rows). The request's own tokens
+        here; a row subclass whose positions hold tokens the request has not produced (speculative
+        drafts) overrides it."""
+        return self.request.token_ids(self.start, self.end)
 
 
 @attrs.frozen(eq=False)

@@ -76,25 +76,41 @@ def _apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return torch.empty_like(logits).scatter_(1, order, filtered)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
-    """Sample one token per row of ``logits [M, vocab]`` (float32)."""
+def suppressed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """``logits`` (float32) with each row's suppressed tokens (min_tokens) set to -inf: what greedy
+    rows take the argmax of."""
     logits = logits.float()
-    raw = logits
     if batch.suppress is not None:
         ban = batch.suppress.clamp_min(0)
         banned = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ban, batch.suppress >= 0)
         logits = logits.masked_fill(banned, float("-inf"))
+    return logits
+
+
+def sampling_logits(suppressed: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """The logits random rows draw from: temperature-scaled, then top-k / top-p filtered (-inf
+    outside). Their softmax is the distribution :func:`sample` draws a random row's token from."""
+    scaled = suppressed / batch.temperature.clamp_min(1e-6)[:, None]
+    if batch.any_top:
+        scaled = _apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
+    return scaled
+
+
+def gumbel_argmax(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """argmax of ``logits + Gumbel(u)`` in float64: a draw from ``softmax(logits)`` given U(0,1) ``u``."""
+    return (logits.double() - torch.log(-torch.log(u))).argmax(dim=-1)
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> SampleResult:
+    """Sample one token per row of ``logits [M, vocab]`` (float32)."""
+    raw = logits.float()
+    logits = suppressed_logits(raw, batch)
     greedy = logits.argmax(dim=-1)
     if batch.all_greedy:
         tokens = greedy
     else:
-        temp = batch.temperature.clamp_min(1e-6)[:, None]
-        scaled = logits / temp
-        if batch.any_top:
-            scaled = _apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
         u = uniform_noise(batch.seed_lo, batch.seed_hi, batch.step, logits.shape[-1])
-        gumbel = -torch.log(-torch.log(u))
-        drawn = (scaled.double() + gumbel).argmax(dim=-1)
+        drawn = gumbel_argmax(sampling_logits(logits, batch), u)
         tokens = torch.where(batch.temperature > 0, drawn, greedy)
     lp = top_ids = top_lp = None
     if batch.max_logprobs >= 0:
@@ -110,12 +126,17 @@ def split_seed(seed: int) -> tuple[int, int]:
     return s & _M32, s >> 32
 
 
-def build_sampling_batch(table, slots: np.ndarray, uploader) -> SamplingBatch:
-    """Gather the sampling parameters of ``slots`` from the host slot table (no per-row Python)."""
+def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.ndarray | None = None) -> SamplingBatch:
+    """Gather the sampling parameters of ``slots`` from the host slot table (no per-row Python).
+
+    ``step_offsets``: per row, how many tokens past the slot's generated count the row samples
+    (speculation samples several future positions of one request in one call); default 0."""
     temp = table.temperature[slots]
     top_p = table.top_p[slots]
     top_k = table.top_k[slots]
     generated = table.num_generated[slots]
+    if step_offsets is not None:
+        generated = generated + step_offsets
     arrays = {"temperature": temp, "top_p": top_p, "top_k": top_k, "seed_lo": table.seed_lo[slots],
               "seed_hi": table.seed_hi[slots], "step": generated}
     if table.stop_ids.shape[1]:

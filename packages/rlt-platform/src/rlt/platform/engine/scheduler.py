@@ -31,6 +31,9 @@ from rlt.platform.engine.request import Request, RequestStatus
 
 class LoopScheduler:
     supported_exit_latency = 0
+    #: serves ``SamplingParams.speculation`` (a speculating policy sets it; requests asking for
+    #: speculation are refused at input processing otherwise)
+    accepts_speculation = False
 
     def __init__(self, *, kv, slots, max_num_seqs: int, max_num_batched_tokens: int, layout: KVLayout,
                  chunk_limit: int | None = None) -> None:

@@ -1,0 +1,172 @@
+"""The speculative executor: the eager executor plus the device state of speculation rounds.
+
+Owns, per slot, the round's draft hidden states at depth ``d`` (``draft_h``) and, for random
+rows, the draft distributions ``q`` (``draft_q``, allocated on first use). Plain rows run exactly
+as in :class:`EagerExecutor` (the same step: one call of the recurrent core for every row).
+Speculative rows run in that same call; the base step is told not to exit or sample them, and
+this executor then
+
+- stores the depth-``d`` hidden state of each draft row that reached depth ``d`` and draws the
+  next draft from its logits (one LM-head call for all of them);
+- gives a verification row entering at depth ``d`` the drafts' hidden states as its input;
+- verifies every verification row that reached full depth (one LM-head call over all their
+  positions), through the sampler's ``verify``.
+
+Rollback is by frontier: nothing is copied; rejected positions' KV and depth stamps are
+overwritten when the next round runs those positions from depth 0.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import torch
+
+from rlt.platform.engine.executor import CompletedStep, EagerExecutor
+from rlt.spec.rows import DRAFT, PLAIN, VERIFY, SpecStepResult, row_column
+
+_NEVER_EXIT = 1 << 30
+
+
+def _scatter_rows(num_rows: int, parts) -> tuple[np.ndarray, np.ndarray]:
+    """Merge ragged per-row token sources that own disjoint rows: ``parts`` is a list of
+    ``(rows, counts)``. Returns (num_tokens [R], for each part the destination indices of its
+    flat tokens)."""
+    num = np.zeros(num_rows, np.int64)
+    for rows, counts in parts:
+        num[rows] = counts
+    off = np.zeros(num_rows + 1, np.int64)
+    np.cumsum(num, out=off[1:])
+    dests = []
+    for rows, counts in parts:
+        first = np.repeat(off[rows], counts)
+        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        dests.append(first + within)
+    return num, dests
+
+
+def _merge(total: int, dests, arrays, fill, dtype):
+    """One flat array from per-part arrays (None parts are filled with ``fill``)."""
+    present = [a for a in arrays if a is not None]
+    if not present:
+        return None
+    width = max((a.shape[1] for a in present if a.ndim == 2), default=None)
+    shape = (total,) if width is None else (total, width)
+    out = np.full(shape, fill, dtype)
+    for d, a in zip(dests, arrays):
+        if a is not None and len(d):
+            if a.ndim == 2:
+                out[d, : a.shape[1]] = a
+            else:
+                out[d] = a
+    return out
+
+
+class SpeculativeExecutor(EagerExecutor):
+    def __init__(self, *, max_drafts: int, **kw) -> None:
+        super().__init__(**kw)
+        n, h = self.hidden.shape
+        self.max_drafts = max_drafts
+        self.draft_h = torch.zeros(n, max_drafts + 1, h, dtype=self.hidden.dtype, device=self.device)
+        self.draft_q: torch.Tensor | None = None
+
+    @classmethod
+    def from_context(cls, ctx, *, max_drafts: int) -> "SpeculativeExecutor":
+        return cls(model=ctx.model, kv=ctx.cache, attention=ctx.attention, sampler=ctx.parts.sampler,
+                   max_num_seqs=ctx.max_num_seqs, device=ctx.device, max_drafts=max_drafts)
+
+    def _q_buffer(self) -> torch.Tensor:
+        if self.draft_q is None:
+            n = self.hidden.shape[0]
+            self.draft_q = torch.zeros(n, self.max_drafts, self.model.shape.vocab_size, dtype=torch.float32,
+                                       device=self.device)
+        return self.draft_q
+
+    @torch.inference_mode()
+    def execute(self, b) -> CompletedStep:
+        role = row_column(b.rows, "role", PLAIN, np.int8)
+        spec = role != PLAIN
+        if not spec.any():
+            return super().execute(b)
+        d = row_column(b.rows, "draft_loops", 0, np.int64)
+        verify = role == VERIFY
+        for i in np.nonzero(verify & (b.depth == d))[0]:  # entering: the drafts' depth-d states
+            slot, n = int(b.slots[i]), int(b.row_len[i])
+            if n == 1:  # a one-token row (the round shrank to no drafts) reads the slot's state
+                self.hidden[slot] = self.draft_h[slot, 0]
+            else:
+                self.chunk_hidden[(slot, int(b.row_start[i]))] = self.draft_h[slot, :n]
+        changes = {"fixed_exit": b.fixed_exit & ~spec, "samples": b.samples & ~spec}
+        if b.adaptive.any():  # the gate decides for plain rows only
+            spec_dev = torch.from_numpy(spec).to(self.device)
+            changes["max_loops"] = torch.where(spec_dev, _NEVER_EXIT, b.max_loops)
+        base = super().execute(attrs.evolve(b, **changes)).result()
+
+        loop = b.depth + 1
+        drafted = np.nonzero((role == DRAFT) & (loop >= d))[0]
+        verified = np.nonzero(verify & b.fixed_exit)[0]
+        exited = base.exited.copy()
+        exited[drafted] = True
+        exited[verified] = True
+        draft_tokens = np.full(b.num_rows, -1, np.int64)
+        if len(drafted):
+            draft_tokens[drafted] = self._draft(b, drafted)
+        plain_rows = np.nonzero(base.num_tokens)[0]
+        parts = [(plain_rows, base.num_tokens[plain_rows])]
+        arrays = [(base.token_ids, base.logprobs, base.top_ids, base.top_logprobs)]
+        if len(verified):
+            v = self._verify(b, verified)
+            parts.append((verified, v.num_tokens))
+            arrays.append((v.token_ids, v.logprobs, v.top_ids, v.top_logprobs))
+        num, dests = _scatter_rows(b.num_rows, parts)
+        total = int(num.sum())
+        ids, lp, top_ids, top_lp = (
+            _merge(total, dests, col, fill, dt)
+            for col, fill, dt in zip(zip(*arrays), (-1, np.nan, -1, np.nan), (np.int64, np.float32, np.int64, np.float32))
+        )
+        return CompletedStep(SpecStepResult(
+            exited, num, ids if ids is not None else np.zeros(0, np.int64), lp, top_ids, top_lp,
+            prompt_logprobs=base.prompt_logprobs, draft_tokens=draft_tokens))
+
+    def _draft(self, b, rows: np.ndarray) -> np.ndarray:
+        """Keep the depth-d states of draft rows that reached depth d; draw the next drafts."""
+        slots = b.slots[rows]
+        index = row_column([b.rows[i] for i in rows], "index", 0, np.int64)
+        count = row_column([b.rows[i] for i in rows], "num_drafts", 0, np.int64)
+        slots_dev = torch.from_numpy(slots).to(self.device)
+        h = self.hidden.index_select(0, slots_dev)  # the base step kept each one-token row's state
+        self.draft_h[slots_dev, torch.from_numpy(index).to(self.device)] = h
+        out = np.full(len(rows), -1, np.int64)
+        need = index < count
+        if not need.any():
+            return out
+        sel = np.nonzero(need)[0]
+        logits = self.model.coda(h[torch.from_numpy(sel).to(self.device)] if not need.all() else h)
+        tokens, q = self.sampler.draft(logits, slots[sel], index[sel])
+        if q is not None:
+            self._q_buffer()[slots_dev[sel], torch.from_numpy(index[sel]).to(self.device)] = q
+        out[sel] = tokens.cpu().numpy()
+        return out
+
+    def _verify(self, b, rows: np.ndarray):
+        lens = b.row_len[rows]
+        slots = b.slots[rows]
+        # multi-token rows kept their states as chunks, one-token rows in the slot's state
+        h = torch.cat([self.chunk_hidden.pop((int(s), int(p))) if n > 1 else self.hidden[int(s)][None]
+                       for s, p, n in zip(slots, b.row_start[rows], lens)])
+        logits = self.model.coda(h)
+        row_of = np.repeat(np.arange(len(rows)), lens)
+        local = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        drafts = np.full(len(row_of), -1, np.int64)
+        has = local < np.repeat(lens - 1, lens)
+        drafts[has] = np.fromiter((t for i in rows for t in b.rows[i].drafts[: int(b.row_len[i]) - 1]), np.int64)
+        pos_slots = slots[row_of]
+        q = None
+        if self.slots_random(pos_slots):
+            q = self._q_buffer()[torch.from_numpy(pos_slots).to(self.device),
+                             torch.from_numpy(np.minimum(local, self.max_drafts - 1)).to(self.device)]
+            q = q * torch.from_numpy(has).to(self.device)[:, None]
+        return self.sampler.verify(logits, pos_slots, local, row_of, drafts, q, len(rows))
+
+    def slots_random(self, slots: np.ndarray) -> bool:
+        return bool((self.sampler.table.temperature[slots] > 0).any())

@@ -1,0 +1,119 @@
+"""The self_spec feature: options (engine defaults and flags), startup refusals, installation.
+
+Installs by wrapping the scheduler policy (rounds), wrapping the sampler (draft and verify) and
+replacing the executor (:class:`SpeculativeExecutor`). Refused at startup, naming the setting:
+the SHARED KV layout (a draft's loops would overwrite the only KV plane, so rejected drafts could
+not be rolled back by frontier), an engine default ``draft_loops`` not below the model's loops,
+an engine default that speculates every request while adaptive exit is the default, and the
+features this package has not been verified with (their components would be replaced twice or
+their state is not round-aware): rlt-decode's executors, graphs and pipelines, rlt-kvcache's
+prefix cache and preemption.
+
+``async_self_spec`` is registered as unavailable: it needs a device-resident decode loop
+(rlt-decode), which does not exist yet.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rlt.attention import KVLayout
+from rlt.platform.engine.assembly import CompositionError
+from rlt.platform.errors import ConfigError
+from rlt.platform.features import Feature
+from rlt.platform.platforms import Capability
+from rlt.spec.executor import SpeculativeExecutor
+from rlt.spec.scheduler import SpeculativeScheduler
+from rlt.spec.verify import SpeculativeSampler
+
+#: features whose combination with self_spec is refused at composition, with the reason
+UNVERIFIED_WITH = {
+    "graphs": "draft and verification steps are not captured in CUDA graphs yet",
+    "decode_pipeline": "the pipelined executor does not run speculation rounds",
+    "async_scheduling": "asynchronous scheduling needs async_self_spec, which is not available yet",
+    "static_buffers": "rlt-decode's executor does not run speculation rounds",
+    "multi_stream": "rlt-decode's executor does not run speculation rounds",
+    "prefix_cache": "not verified with rlt-kvcache's prefix cache (rounds grow KV beyond shared prompt blocks)",
+    "preemption": "a preempted request's round state and draft hidden states are not restored",
+}
+
+
+@attrs.frozen
+class SpecOptions:
+    num_tokens: int = attrs.field(default=0, metadata={
+        "help": "default drafts per round for requests that give no speculation (0: only requests that ask)"})
+    draft_loops: int = attrs.field(default=0, metadata={
+        "help": "default loops a draft runs (0: half the model's loops, at least 1)"})
+    max_num_tokens: int = attrs.field(default=8, metadata={"help": "the most drafts per round a request may ask for"})
+    adaptive: bool = attrs.field(default=True, metadata={
+        "help": "choose K per request from its acceptance rate (docs/spec.md); off: always the requested K"})
+    initial_acceptance: float = attrs.field(default=0.8, metadata={"help": "prior acceptance rate of adaptive K"})
+    min_gain: float = attrs.field(default=0.05, metadata={
+        "help": "adaptive K speculates only when its expected speedup exceeds 1 + this"})
+    probe_interval: int = attrs.field(default=16, metadata={
+        "help": "plain tokens after which a request at K = 0 tries one round with K = 1"})
+
+    def __attrs_post_init__(self) -> None:
+        for name, lo in (("num_tokens", 0), ("draft_loops", 0), ("max_num_tokens", 1), ("probe_interval", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+                raise ConfigError(f"--self-spec-{name.replace('_', '-')}: must be an integer >= {lo}, got {value!r}")
+        if self.num_tokens > self.max_num_tokens:
+            raise ConfigError(f"--self-spec-num-tokens: {self.num_tokens} exceeds --self-spec-max-num-tokens "
+                              f"({self.max_num_tokens})")
+        if not 0.0 <= self.initial_acceptance <= 1.0:
+            raise ConfigError(f"--self-spec-initial-acceptance: must be in [0, 1], got {self.initial_acceptance}")
+        if self.min_gain < 0:
+            raise ConfigError(f"--self-spec-min-gain: must be >= 0, got {self.min_gain}")
+
+    def resolved_draft_loops(self, num_loops: int) -> int:
+        return self.draft_loops or max(1, num_loops // 2)
+
+
+def check_context(ctx, options: SpecOptions) -> None:
+    """Startup refusals that need the built engine context."""
+    if ctx.kv.layout is KVLayout.SHARED:
+        raise ConfigError("--kv-layout shared: self-speculation needs per-depth KV planes (last_exited); "
+                          "rejected drafts cannot be rolled back in the shared layout")
+    if options.draft_loops and options.draft_loops >= ctx.num_loops:
+        raise ConfigError(f"--self-spec-draft-loops: {options.draft_loops} must be below the model's "
+                          f"{ctx.num_loops} loops")
+    if options.num_tokens and ctx.num_loops < 2:
+        raise ConfigError(f"--self-spec-num-tokens: a model of {ctx.num_loops} loop cannot draft with fewer loops")
+    if options.num_tokens + 1 > ctx.max_num_batched_tokens:
+        raise ConfigError(f"--self-spec-num-tokens: {options.num_tokens} + 1 verified positions exceed "
+                          f"--max-num-batched-tokens ({ctx.max_num_batched_tokens})")
+    if options.num_tokens and ctx.default_threshold < 1.0:
+        raise ConfigError(f"--self-spec-num-tokens {options.num_tokens} speculates every request, but the default "
+                          f"exit_threshold is {ctx.default_threshold} (adaptive exit); speculation needs fixed depth")
+
+
+def install(builder, options: SpecOptions) -> None:
+    def scheduler(ctx, inner):
+        # at build time: every enabled feature's options are known by then (install order is by name)
+        clash = sorted(set(ctx.feature_options) & set(UNVERIFIED_WITH))
+        if clash:
+            raise CompositionError("self_spec cannot be combined with " + "; ".join(
+                f"{name} ({UNVERIFIED_WITH[name]})" for name in clash) + ": disable one of them (" + ", ".join(
+                f"--no-{name.replace('_', '-')}" for name in clash) + ")")
+        check_context(ctx, options)
+        return SpeculativeScheduler(inner, options=options, kv=ctx.parts.kv_manager, num_loops=ctx.num_loops,
+                                    max_num_batched_tokens=ctx.max_num_batched_tokens)
+
+    builder.wrap("scheduler", scheduler)
+    builder.wrap("sampler", lambda ctx, inner: SpeculativeSampler(inner, slots=ctx.parts.slots,
+                                                                    uploader=ctx.parts.uploader))
+    builder.replace("executor", lambda ctx: SpeculativeExecutor.from_context(ctx, max_drafts=options.max_num_tokens))
+
+
+def features() -> list[Feature]:
+    return [
+        Feature(name="self_spec", package="rlt-spec", enabled_by_default=False, options=SpecOptions, install=install,
+                requires=frozenset({Capability.SPECULATION}),
+                description="synchronous self-speculation: draft with few loops, verify with the rest"),
+        Feature(name="async_self_spec", package="rlt-spec", enabled_by_default=False,
+                requires=frozenset({Capability.SPECULATION}),
+                description="asynchronous self-speculation (round t+1 submitted before round t is delivered)",
+                unavailable="needs rlt-decode's device-resident decode loop, which does not exist yet; "
+                            "self_spec (synchronous) is available"),
+    ]

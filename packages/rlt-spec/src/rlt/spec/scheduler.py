@@ -1,0 +1,182 @@
+"""The speculating scheduler policy: a wrapper that turns a speculating request's decode steps
+into rounds (draft rows, then one verification row).
+
+The inner policy keeps owning admission, slots, KV and every request's row. While a request is
+in a round, the inner policy's row for it stays its plain decode row of the round's first token
+(position ``P``); this wrapper substitutes the round's current row in each plan and, when the
+round's verification exits, hands the inner policy that plain row as if it had exited with the
+round's tokens, so the inner policy moves on to the next position as for any decode step.
+
+A round starts whenever a speculating request's row is a plain depth-0 decode row: K comes from
+its :class:`AcceptanceTracker`, capped by the remaining ``max_tokens`` (the round emits at most
+K+1 tokens), the step budget, and the KV manager (``grow`` to ``P + K + 1`` positions); K = 0
+leaves the plain row (a plain step). A verification row entering at depth ``d`` is shortened
+(its last drafts dropped) when the step's rows would exceed ``max_num_batched_tokens``.
+
+Per-request checks (:meth:`add`): speculation with adaptive exit, ``draft_loops`` not below the
+request's depth, K above the engine cap or the step budget are refused, naming the setting.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Sequence
+
+import attrs
+import numpy as np
+
+from rlt.platform.engine.exit_policy import is_adaptive
+from rlt.platform.engine.interfaces import Row, StepPlan, StepResult, Wrapped
+from rlt.platform.engine.request import Request
+from rlt.platform.errors import InvalidRequestError
+from rlt.spec.adaptive import AcceptanceTracker
+from rlt.spec.rows import DRAFT, VERIFY, DraftRow, VerifyRow
+
+
+@attrs.define(eq=False)
+class Round:
+    plain: Row  # the inner policy's row for the request (the round's first token, depth 0)
+    row: Row  # the round's current row
+    drafts: list[int] = attrs.field(factory=list)
+
+
+class SpeculativeScheduler(Wrapped):
+    accepts_speculation = True
+
+    def __init__(self, inner, *, options, kv, num_loops: int, max_num_batched_tokens: int) -> None:
+        super().__init__(inner)
+        self.options = options
+        self.kv = kv
+        self.num_loops = num_loops
+        self.budget = max_num_batched_tokens
+        self.trackers: "weakref.WeakKeyDictionary[Request, AcceptanceTracker]" = weakref.WeakKeyDictionary()
+        self.rounds: "weakref.WeakKeyDictionary[Request, Round]" = weakref.WeakKeyDictionary()
+
+    # -- requests ------------------------------------------------------------------------------
+    def resolve(self, request: Request) -> AcceptanceTracker | None:
+        """The request's speculation (None: it decodes plainly), or InvalidRequestError."""
+        o = self.options
+        spec = request.params.speculation
+        k = o.num_tokens if spec is None else spec.num_tokens
+        d = (spec.draft_loops if spec is not None else None) or o.resolved_draft_loops(self.num_loops)
+        if k == 0:
+            return None
+        where = "speculation" if spec is not None else "--self-spec"
+        if is_adaptive(request.exit_threshold):
+            raise InvalidRequestError(
+                f"{where}: self-speculation needs fixed depth, but exit_threshold is {request.exit_threshold} "
+                "(adaptive exit); set exit_threshold to 1.0 or leave speculation unset", "speculation")
+        if d >= request.max_loops:
+            raise InvalidRequestError(
+                f"{where}.draft_loops: {d} must be below the request's depth ({request.max_loops} loops)",
+                "speculation.draft_loops")
+        if k > o.max_num_tokens:
+            raise InvalidRequestError(
+                f"{where}.num_tokens: {k} exceeds this engine's limit of {o.max_num_tokens} "
+                "(--self-spec-max-num-tokens)", "speculation.num_tokens")
+        if k + 1 > self.budget:
+            raise InvalidRequestError(
+                f"{where}.num_tokens: {k} + 1 verified positions exceed max_num_batched_tokens ({self.budget})",
+                "speculation.num_tokens")
+        return AcceptanceTracker(k_max=k, draft_loops=d, num_loops=request.max_loops, adaptive=o.adaptive,
+                                 initial_acceptance=o.initial_acceptance, min_gain=o.min_gain,
+                                 probe_interval=o.probe_interval)
+
+    def add(self, request: Request) -> None:
+        tracker = self.resolve(request)
+        self.inner.add(request)
+        if tracker is not None:
+            self.trackers[request] = tracker
+
+    def finish(self, request: Request) -> None:
+        self.rounds.pop(request, None)
+        self.trackers.pop(request, None)
+        self.inner.finish(request)
+
+    def acceptance(self, request: Request) -> AcceptanceTracker | None:
+        return self.trackers.get(request)
+
+    # -- steps ---------------------------------------------------------------------------------
+    def _start(self, row: Row, tracker: AcceptanceTracker, budget_left: int) -> Round | None:
+        req = row.request
+        remaining = req.max_tokens - len(req.output_token_ids)
+        k = min(tracker.next_k(), remaining - 1, budget_left - 1)
+        if k <= 0 or not self.kv.grow(row.slot, req, row.start + k + 1):
+            return None
+        first = DraftRow(req, row.slot, row.start, 1, 0, samples=False, in_prompt=False, index=0,
+                         num_drafts=k, draft_loops=tracker.draft_loops)
+        return Round(row, first)
+
+    def schedule(self) -> StepPlan:
+        plan = self.inner.schedule()
+        rows = list(plan.rows)
+        used = sum(r.length for r in rows)
+        for i, row in enumerate(rows):
+            tracker = self.trackers.get(row.request)
+            if tracker is None:
+                continue
+            rnd = self.rounds.get(row.request)
+            if rnd is None and row.depth == 0 and not row.in_prompt and row.length == 1:
+                rnd = self._start(row, tracker, self.budget - used + 1)
+                if rnd is not None:
+                    self.rounds[row.request] = rnd
+            if rnd is not None:
+                used += rnd.row.length - row.length
+                rows[i] = rnd.row
+        if used > self.budget:
+            self._shrink(rows, used - self.budget)
+        return StepPlan(tuple(rows), plan.failed)
+
+    def _shrink(self, rows: list[Row], excess: int) -> None:
+        """Drop trailing drafts of verification rows entering this step until the rows fit."""
+        for i in sorted(range(len(rows)), key=lambda j: -rows[j].length):
+            row = rows[i]
+            if excess <= 0:
+                break
+            if getattr(row, "role", 0) != VERIFY or row.depth != row.draft_loops or row.length == 1:
+                continue
+            cut = min(excess, row.length - 1)
+            rows[i] = attrs.evolve(row, length=row.length - cut, drafts=row.drafts[: row.length - cut - 1])
+            self.rounds[row.request].row = rows[i]
+            excess -= cut
+
+    def advance(self, rows: Sequence[Row], result: StepResult, done: set[Request]) -> None:
+        off = result.token_offsets
+        drafts = getattr(result, "draft_tokens", None)
+        keep: list[int] = []  # rows the inner policy moves on (plain ones, finished rounds)
+        inner_rows: list[Row] = []
+        for i, row in enumerate(rows):
+            role = getattr(row, "role", 0)
+            req = row.request
+            if role == 0:
+                keep.append(i)
+                inner_rows.append(row)
+                continue
+            if req in done:  # finished in this step: it owns no rows any more
+                continue
+            rnd = self.rounds.get(req)
+            if rnd is None:  # finished while the step ran
+                continue
+            if not result.exited[i]:
+                rnd.row = row.deeper()
+            elif role == DRAFT:
+                rnd.row = self._after_draft(row, rnd, int(drafts[i]))
+            else:
+                n = int(off[i + 1] - off[i])
+                self.trackers[req].update(row.length - 1, n - 1)
+                del self.rounds[req]
+                keep.append(i)
+                inner_rows.append(rnd.plain)
+        idx = np.asarray(keep, np.int64)
+        tok = np.concatenate([np.arange(off[i], off[i + 1]) for i in keep]) if keep else np.zeros(0, np.int64)
+        self.inner.advance(inner_rows, StepResult(
+            result.exited[idx], result.num_tokens[idx], result.token_ids[tok.astype(np.int64)],
+            exit_latency=result.exit_latency), done)
+
+    @staticmethod
+    def _after_draft(row: DraftRow, rnd: Round, token: int) -> Row:
+        if row.index < row.num_drafts:
+            rnd.drafts.append(token)
+            return attrs.evolve(row, start=row.start + 1, depth=0, index=row.index + 1, token=token)
+        return VerifyRow(row.request, row.slot, rnd.plain.start, row.num_drafts + 1, row.draft_loops, samples=True,
+                         in_prompt=False, draft_loops=row.draft_loops, drafts=tuple(rnd.drafts))

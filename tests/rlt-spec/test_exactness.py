@@ -1,0 +1,103 @@
+"""fp32 greedy self-speculation is token-identical to the oracle for every K in 1..8 and every
+d in 1..D-1, with speculating and plain requests in the same steps, on random weights (drafts
+mostly rejected) and on a controlled-acceptance checkpoint (drafts mostly accepted)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from rlt.platform import SamplingParams
+from rlt.platform.models.ouro_reference import reference_generate
+from rlt.spec.stats import SpecStats
+
+from spec_helpers import drain, reference, spec_engine
+
+PAIRS = list(itertools.product(range(1, 9), range(1, 4)))  # K x d for D = 4
+
+
+def _requests(pairs, seed, max_tokens=9):
+    rng = random.Random(seed)
+    reqs = []
+    for i, pair in enumerate(pairs):
+        prompt = [rng.randrange(3, 300) for _ in range(rng.randint(2, 11))]
+        spec = None if pair is None else {"num_tokens": pair[0], "draft_loops": pair[1]}
+        reqs.append((f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                                                      speculation=spec)))
+    return reqs
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["random", "controlled"])
+def test_greedy_exact_every_k_and_d_mixed_with_plain(spec_checkpoints, which):
+    path = spec_checkpoints[which]
+    ref = reference(path)
+    engine = spec_engine(path)
+    stats = SpecStats()
+    engine.add_observer(stats)
+    pairs: list = []
+    for pair in PAIRS:  # a plain request after every third speculating one
+        pairs.append(pair)
+        if len(pairs) % 4 == 3:
+            pairs.append(None)
+    reqs = _requests(pairs, seed=which)
+    outs = drain(engine, reqs)
+    for rid, prompt, params in reqs:
+        want, depths = reference_generate(ref, prompt, max_tokens=params.max_tokens)
+        assert outs[rid].error is None
+        assert list(outs[rid].token_ids) == want, (rid, params.speculation)
+        assert list(outs[rid].exit_depths) == depths
+    assert stats.rounds > 0 and stats.drafted > stats.accepted  # rejections happened
+    if which == 1:
+        assert stats.acceptance > 0.5  # and acceptances: both paths ran
+
+
+def test_exact_when_the_step_budget_shrinks_rounds(spec_checkpoints):
+    """Four requests at K = 8 under a 7-token step budget: verification rows are cut to fit."""
+    path = spec_checkpoints[1]
+    ref = reference(path)
+    engine = spec_engine(path, max_num_batched_tokens=12)
+    reqs = _requests([(8, 2)] * 4, seed=5, max_tokens=12)
+    for _, p, _ in reqs:
+        assert len(p) <= 12
+    outs = drain(engine, reqs)
+    for rid, prompt, params in reqs:
+        assert list(outs[rid].token_ids) == reference_generate(ref, prompt, max_tokens=12)[0]
+
+
+def test_exact_with_stops_min_tokens_and_logprobs(spec_checkpoints):
+    """Stop tokens inside an accepted run end the request there; min_tokens suppression and
+    logprobs match plain decoding position by position."""
+    path = spec_checkpoints[1]
+    plain_reqs = _requests([None] * 3, seed=9, max_tokens=14)
+    base = drain(spec_engine(path, spec=False), [
+        (rid, p, params.with_(min_tokens=4, logprobs=2)) for rid, p, params in plain_reqs])
+    stop = {rid: base[rid].token_ids[6] for rid in base}  # a token seen after min_tokens
+    want = drain(spec_engine(path, spec=False), [
+        (rid, p, params.with_(min_tokens=4, logprobs=2, stop_token_ids=(stop[rid],))) for rid, p, params in plain_reqs])
+    got = drain(spec_engine(path), [
+        (rid, p, params.with_(min_tokens=4, logprobs=2, stop_token_ids=(stop[rid],),
+                              speculation={"num_tokens": 5, "draft_loops": 2})) for rid, p, params in plain_reqs])
+    for rid in want:
+        assert list(got[rid].token_ids) == list(want[rid].token_ids)
+        assert got[rid].finish_reason == want[rid].finish_reason
+        for a, b in zip(got[rid].logprobs, want[rid].logprobs):
+            assert a.token_id == b.token_id and a.logprob == pytest.approx(b.logprob, abs=1e-4)
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+def test_adaptive_k_engine_default_is_exact(spec_checkpoints):
+    """The engine default (every request speculates, adaptive K) changes no token."""
+    from rlt.spec.feature import SpecOptions
+
+    path = spec_checkpoints[0]
+    reqs = _requests([None] * 4, seed=3, max_tokens=30)
+    want = drain(spec_engine(path, spec=False), reqs)  # plain decoding (oracle-exact, tests/rlt-platform)
+    engine = spec_engine(path, options=SpecOptions(num_tokens=4, draft_loops=2))
+    stats = SpecStats()
+    engine.add_observer(stats)
+    outs = drain(engine, reqs)
+    for rid, _, _ in reqs:
+        assert list(outs[rid].token_ids) == list(want[rid].token_ids)
+    assert stats.rounds > 0

@@ -1,0 +1,93 @@
+"""Bad combinations fail with a clear error naming the setting, at request or at startup; a
+refused request never disturbs the others; the feature table says what is not available."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlt.platform import SamplingParams
+from rlt.platform.engine.assembly import CompositionError
+from rlt.platform.errors import ConfigError, InvalidRequestError
+from rlt.platform.features import Feature
+from rlt.spec.feature import SpecOptions, features
+from spec_helpers import drain, spec_engine
+
+
+def _sp(**spec):
+    return SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, speculation=spec or None)
+
+
+@pytest.mark.parametrize("params, field, words", [
+    (SamplingParams(max_tokens=4, exit_threshold=0.5, speculation={"num_tokens": 2}), "speculation", "adaptive exit"),
+    (_sp(num_tokens=2, draft_loops=4), "speculation.draft_loops", "below the request's depth"),
+    (SamplingParams(max_tokens=4, max_loops=2, speculation={"num_tokens": 2, "draft_loops": 2}),
+     "speculation.draft_loops", "below the request's depth"),
+    (_sp(num_tokens=9), "speculation.num_tokens", "--self-spec-max-num-tokens"),
+])
+def test_request_refusals_name_the_setting(spec_checkpoints, params, field, words):
+    engine = spec_engine(spec_checkpoints[0])
+    engine.add_request("ok", [5, 6, 7], _sp(num_tokens=3, draft_loops=2))
+    with pytest.raises(InvalidRequestError) as err:
+        engine.add_request("bad", [5, 6, 7], params)
+    assert err.value.param == field and words in str(err.value)
+    outs = drain(engine, [])
+    assert list(outs) == ["ok"] and len(outs["ok"].token_ids) == 6 and outs["ok"].error is None
+
+
+def test_k_beyond_the_step_budget(spec_checkpoints):
+    engine = spec_engine(spec_checkpoints[0], max_num_batched_tokens=8)
+    with pytest.raises(InvalidRequestError, match="max_num_batched_tokens") as err:
+        engine.add_request("bad", [5, 6], SamplingParams(speculation={"num_tokens": 8}))
+    assert err.value.param == "speculation.num_tokens"
+
+
+def test_speculation_without_the_feature_is_refused(spec_checkpoints):
+    engine = spec_engine(spec_checkpoints[0], spec=False)
+    with pytest.raises(InvalidRequestError, match="self_spec") as err:
+        engine.add_request("r", [5, 6], _sp(num_tokens=2))
+    assert err.value.param == "speculation"
+
+
+@pytest.mark.parametrize("value, field", [({"num_tokens": -1}, "speculation.num_tokens"),
+                                          ({"num_tokens": 2, "draft_loops": 0}, "speculation.draft_loops"),
+                                          ({"draft_loops": 1}, "speculation.num_tokens"),
+                                          ({"num_tokens": 1, "k": 2}, "speculation")])
+def test_malformed_speculation(value, field):
+    with pytest.raises(InvalidRequestError) as err:
+        SamplingParams(speculation=value)
+    assert err.value.param == field
+
+
+@pytest.mark.parametrize("cfg, options, words", [
+    ({"kv_layout": "shared"}, SpecOptions(), "--kv-layout shared"),
+    ({}, SpecOptions(draft_loops=4), "--self-spec-draft-loops"),
+    ({"exit_threshold": 0.5}, SpecOptions(num_tokens=2), "adaptive exit"),
+])
+def test_startup_refusals(spec_checkpoints, cfg, options, words):
+    with pytest.raises(ConfigError, match=words):
+        spec_engine(spec_checkpoints[0], options=options, **cfg)
+
+
+def test_options_are_checked():
+    with pytest.raises(ConfigError, match="--self-spec-num-tokens"):
+        SpecOptions(num_tokens=9)
+    with pytest.raises(ConfigError, match="--self-spec-initial-acceptance"):
+        SpecOptions(initial_acceptance=2.0)
+
+
+def test_unverified_combinations_are_refused_at_composition(spec_checkpoints):
+    from rlt.platform import EngineConfig
+    from rlt.platform.composition import build_engine
+
+    fake = Feature(name="preemption", package="rlt-kvcache", description="stand-in", install=lambda b, o: None)
+    with pytest.raises(CompositionError, match="preemption"):
+        build_engine(EngineConfig(model=str(spec_checkpoints[0]), dtype="float32"),
+                     features=[*features(), fake], enabled={"self_spec": True, "preemption": True})
+
+
+def test_feature_table(spec_checkpoints):
+    engine = spec_engine(spec_checkpoints[0])
+    table = {f.name: f for f in engine.features}
+    assert table["self_spec"].enabled and table["self_spec"].available
+    assert not table["async_self_spec"].available and "device-resident" in table["async_self_spec"].reason
+    assert engine.assembly.describe()["executor"] == ["self_spec"]
