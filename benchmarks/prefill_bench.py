@@ -29,12 +29,24 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+DEVICE = {"device": "cuda", "dtype": "bfloat16"}
+DEVICE_BLOCKS = [24000]
+
+
 def _engine(model, *, budget=None, chunk=0, wavefront=False, packed=True, **cfg):
     from rlt.platform import EngineConfig
     from rlt.platform.composition import build_engine
     from rlt.prefill.features import FEATURES, ChunkedPrefillOptions
 
-    config = EngineConfig(model=model, dtype="bfloat16", device="cuda", max_num_batched_tokens=budget, **cfg)
+    import gc
+
+    import torch
+
+    gc.collect()  # the previous workload's engine and its KV pool go first
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    cfg.setdefault("num_kv_blocks", DEVICE_BLOCKS[0])
+    config = EngineConfig(model=model, max_num_batched_tokens=budget, **DEVICE, **cfg)
     return build_engine(config, features=FEATURES, enabled={"chunked_prefill": True, "packed_prefill": packed},
                         options={"chunked_prefill": ChunkedPrefillOptions(chunk_size=chunk, wavefront=wavefront)})
 
@@ -54,13 +66,10 @@ def _ttft(engine, rid, prompt):
 
 
 def single(model, args):
-    import torch
-
     engine = _engine(model, max_num_seqs=4)
     _ttft(engine, "warm", _ids(args.prompt_len, 0))
     times = []
     for i in range(args.reps):
-        torch.cuda.synchronize()
         times.append(_ttft(engine, f"s{i}", _ids(args.prompt_len, i + 1)))
     t = statistics.median(times)
     return {"workload": "single", "prompt_len": args.prompt_len, "tok_per_s": args.prompt_len / t,
@@ -81,17 +90,19 @@ def smooth(model, args, mode):
           "chunked": dict(budget=args.budget, chunk=args.chunk),
           "wavefront": dict(budget=args.budget, chunk=args.chunk, wavefront=True)}[mode]
     engine = _engine(model, max_num_seqs=args.decoders + 8, **kw)
-    dec = SamplingParams(max_tokens=100000 // 2, temperature=0.0, ignore_eos=True)
+    dec = SamplingParams(max_tokens=min(args.decode_tokens, engine.max_model_len - 129), temperature=0.0,
+                         ignore_eos=True)
     for i in range(args.decoders):
         engine.add_request(f"d{i}", _ids(128, 100 + i), dec)
-    for _ in range(20):  # all decoders admitted and past their prompts
-        engine.step()
+    started: set[str] = set()
+    while len(started) < args.decoders:  # every decoder past its prompt
+        started |= {o.request_id for o in engine.step() if o.token_ids}
     last: dict[str, float] = {}
     itl: list[float] = []
     arrivals: dict[str, float] = {}
     ttft: list[float] = []
     start = time.perf_counter()
-    next_arrival, n = start, 0
+    next_arrival, n, refill = start, 0, args.decoders
     while time.perf_counter() - start < args.duration:
         now = time.perf_counter()
         if now >= next_arrival:
@@ -108,6 +119,9 @@ def smooth(model, args, mode):
                 if o.request_id in last:
                     itl.append(now - last[o.request_id])
                 last[o.request_id] = now
+                if o.finished:  # keep the decoding population constant: a fresh decoder takes its place
+                    refill += 1
+                    engine.add_request(f"d{refill}", _ids(128, 100 + refill), dec)
             elif o.request_id in arrivals and len(o.token_ids) >= 1:
                 ttft.append(now - arrivals.pop(o.request_id))
     for rid in list(engine.running_request_ids()):
@@ -132,16 +146,23 @@ def main(argv=None):
     ap.add_argument("--arrival-len", type=int, default=16384)
     ap.add_argument("--arrive-every", type=float, default=3.0)
     ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--num-kv-blocks", type=int, default=24000)
+    ap.add_argument("--decode-tokens", type=int, default=512, help="max_tokens of each decoding request")
     ap.add_argument("--modes", nargs="+", default=["full", "chunked", "wavefront"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="prefill_bench.json")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--config", default="ouro-1.4b", help="named config of the random checkpoint")
     args = ap.parse_args(argv)
+    DEVICE.update(device=args.device, dtype=args.dtype)
+    DEVICE_BLOCKS[0] = args.num_kv_blocks
     model = args.model
     if model is None:
         from benchmarks.bench_model import write_random_checkpoint
 
-        model = str(write_random_checkpoint(tempfile.mkdtemp(prefix="ouro14-"), "ouro-1.4b", gate_bias=1.0,
-                                            device="cuda"))
+        model = str(write_random_checkpoint(tempfile.mkdtemp(prefix="ouro-"), args.config, gate_bias=1.0,
+                                            device=args.device))
     results = []
     for w in args.workload:
         for r in ([single(model, args)] if w == "single" else [long(model, args)] if w == "long"
