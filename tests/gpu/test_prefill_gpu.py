@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from engine_driver import run_arrivals as _run
 from gpu_helpers import first_token_gap
 
 pytestmark = pytest.mark.gpu
@@ -31,19 +32,6 @@ def _engine(path, dtype, *, chunk=0, wavefront=False, budget=None, packed=False,
             "packed_prefill": PackedPrefillOptions(prompt_backend=prompt_backend or "auto")}
     return build_engine(config, features=FEATURES, enabled={"chunked_prefill": True, "packed_prefill": packed,
                                                             "prefill_uva": False}, options=opts)
-
-
-def _run(engine, prompts, params, arrive_every=0):
-    outs, pending, step = {}, list(enumerate(prompts)), 0
-    while pending or engine.has_unfinished_requests():
-        if pending and (arrive_every == 0 or step % arrive_every == 0):
-            take = pending if arrive_every == 0 else pending[:1]
-            for i, p in take:
-                engine.add_request(f"r{i}", p, params)
-            pending = pending[len(take):]
-        outs.update({o.request_id: o for o in engine.step() if o.finished})
-        step += 1
-    return [outs[f"r{i}"] for i in range(len(prompts))]
 
 
 @pytest.mark.parametrize("chunk,budget,wavefront", [

@@ -12,6 +12,7 @@ import random
 import pytest
 import torch
 
+from engine_driver import run_arrivals as run_engine
 from rlt.platform import EngineConfig, LLMEngine, SamplingParams
 from rlt.platform.checkpoint import load_checkpoint
 from rlt.platform.models.ouro_reference import reference_generate
@@ -25,24 +26,6 @@ def _reference(path):
 def _prompts(n, vocab, seed, lo=3, hi=13):
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-def run_engine(engine, prompts, params, arrive_every: int = 0):
-    """Submit prompts (all at once, or one every ``arrive_every`` steps) and collect outputs."""
-    outs = {}
-    pending = list(enumerate(prompts))
-    step = 0
-    while pending or engine.has_unfinished_requests():
-        if pending and (arrive_every == 0 or step % arrive_every == 0):
-            batch = pending if arrive_every == 0 else pending[:1]
-            for i, p in batch:
-                engine.add_request(f"r{i}", p, params[i] if isinstance(params, list) else params)
-            pending = pending[len(batch):]
-        for o in engine.step():
-            if o.finished:
-                outs[o.request_id] = o
-        step += 1
-    return [outs[f"r{i}"] for i in range(len(prompts))]
 
 
 def check_against_reference(path, prompts, sp: SamplingParams, layout="last_exited", arrive_every=0, **engine_kw):

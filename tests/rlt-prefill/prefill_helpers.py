@@ -6,6 +6,7 @@ import random
 
 import torch
 
+from engine_driver import run_arrivals as run  # noqa: F401 - re-exported for the tests
 from rlt.platform import EngineConfig, SamplingParams
 from rlt.platform.checkpoint import load_checkpoint
 from rlt.platform.composition import build_engine
@@ -38,22 +39,6 @@ class RowLog:
 
     def on_step(self, batch, result) -> None:
         self.steps.append([(r.request.request_id, r.start, r.length, r.depth) for r in batch.rows])
-
-
-def run(engine, prompt_list, params, arrive_every=0):
-    """Submit prompts (all at once, or one every ``arrive_every`` steps); the finished outputs in order."""
-    outs, pending, step = {}, list(enumerate(prompt_list)), 0
-    while pending or engine.has_unfinished_requests():
-        if pending and (arrive_every == 0 or step % arrive_every == 0):
-            batch = pending if arrive_every == 0 else pending[:1]
-            for i, p in batch:
-                engine.add_request(f"r{i}", p, params[i] if isinstance(params, list) else params)
-            pending = pending[len(batch):]
-        for o in engine.step():
-            if o.finished:
-                outs[o.request_id] = o
-        step += 1
-    return [outs[f"r{i}"] for i in range(len(prompt_list))]
 
 
 def oracle(path, prompt_list, sp: SamplingParams, layout="last_exited"):
