@@ -91,7 +91,13 @@ def test_row_group_split_is_a_partition_of_rows_and_tokens(tiny_checkpoint):
     engine.add_observer(type("Obs", (), {"on_step": lambda self, b, r: seen.append(b)})())
     run(engine, prompts((14, 3, 9), seed=1), SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
         arrive_every=2)
+    kinds = {(bool(b.in_prompt.any()), bool(b.in_prompt.all())) for b in seen}
+    assert kinds == {(True, True), (True, False), (False, False)}  # prompt-only, mixed, decode-only steps
     for b in seen:
+        if not b.in_prompt.any() or b.in_prompt.all():
+            assert not isinstance(b.meta, RowGroupMetadata) or b.meta.groups is None
+            assert isinstance(b.meta, RowGroupMetadata) == bool(b.in_prompt.any())
+            continue
         g = b.meta.groups
         rows = np.concatenate([g.prompt_rows.numpy(), g.other_rows.numpy()])
         tokens = np.concatenate([g.prompt_tokens.numpy(), g.other_tokens.numpy()])

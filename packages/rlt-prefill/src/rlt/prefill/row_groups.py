@@ -12,7 +12,7 @@ each group gets its own :class:`~rlt.attention.AttentionMetadata` (rows and toke
 device with index tensors uploaded by the batch builder, host bounds computed on the host), and
 every layer runs the prompt backend on the prompt rows and the other backend on the rest. A step
 of only prompt rows (a long prefill) or only decode rows goes to one backend whole, with no
-gather. K/V are written once, over the whole step, by the other backend's writer.
+gather and no extra upload. K/V are written once, over the whole step, by the other backend's writer.
 
 :class:`RowGroupBatchBuilder` (a batch-builder wrapper) adds the grouping to the step's metadata
 (:class:`RowGroupMetadata`); nothing else changes. :class:`PlaneLocalTorchBackend` is
@@ -60,6 +60,7 @@ class RowGroups:
 
 @attrs.frozen(eq=False)
 class RowGroupMetadata(AttentionMetadata):
+    #: the split of a mixed step (None when every row is a prompt row)
     groups: RowGroups | None = None
     #: set by ``PromptRowGroups.prepare``: (prompt metadata, other metadata), each None when empty
     parts: tuple[AttentionMetadata | None, AttentionMetadata | None] | None = None
@@ -114,9 +115,12 @@ class RowGroupBatchBuilder(Wrapped):
 
     def build(self, rows: Sequence[Row]):
         batch = self.inner.build(rows)
+        prompt = np.fromiter((r.in_prompt for r in batch.rows), bool, len(batch.rows))
+        if not prompt.any():
+            return batch  # decode-only step: plain metadata, nothing more uploaded (graph-replay friendly)
         meta = batch.meta
         fields = {f.name: getattr(meta, f.name) for f in attrs.fields(AttentionMetadata)}
-        groups = row_groups(batch.rows, self.uploader)
+        groups = None if prompt.all() else row_groups(batch.rows, self.uploader)
         return attrs.evolve(batch, meta=RowGroupMetadata(**fields, groups=groups))
 
 
@@ -135,10 +139,10 @@ class PromptRowGroups(AttentionBackend):
         return f"{self.prompt.describe()} for prompt rows, {self.other.describe()} for decode rows (per row group)"
 
     def prepare(self, kv: KVCache, meta: AttentionMetadata) -> AttentionMetadata:
-        g = getattr(meta, "groups", None)
-        if g is None or g.num_prompt_rows == 0:
+        if not isinstance(meta, RowGroupMetadata):  # no prompt rows in this step
             return self.other.prepare(kv, meta)
-        if g.num_other_rows == 0:
+        g = meta.groups
+        if g is None:  # only prompt rows (a long prefill): the prompt backend takes the step whole
             return attrs.evolve(meta, parts=(self.prompt.prepare(kv, meta), None))
         pm = select_rows(meta, g.prompt_rows, g.prompt_tokens, g.prompt_qsl, g.prompt_max_query_len,
                          g.prompt_max_seq_len)
