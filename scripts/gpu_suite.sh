@@ -13,7 +13,7 @@ set -uo pipefail
 OUT=${OUT:-benchmarks/results/gpu-$(date +%Y%m%d)}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-export PYTHONPATH=packages/rlt-platform/src:packages/rlt-attention/src:packages/rlt-serve/src:packages/rlt-decode/src:packages/rlt-kvcache/src:packages/rlt-spec/src:apps/server/src:.${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=packages/rlt-platform/src:packages/rlt-attention/src:packages/rlt-serve/src:packages/rlt-decode/src:packages/rlt-kvcache/src:packages/rlt-spec/src:packages/rlt-prefill/src:apps/server/src:.${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
 STEPS=" ${STEPS:-suite attention offline} "
 if [ -n "${WHEELS:-}" ]; then

@@ -1,9 +1,10 @@
 """The base batch builder: row order, packed token metadata and attention metadata of a step.
 
 Rows are ordered in three groups so the executor can assemble its input without per-row work:
-depth-0 rows first (their input is the embedding of their tokens), then deeper one-token rows
-(input from the executor's hidden-state slot table), then deeper multi-token rows (prompt chunks,
-whose hidden states the executor keeps per chunk). Index arithmetic is numpy over the rows; the
+depth-0 rows first (their input is the embedding of their tokens), then deeper one-token decode
+rows (input from the executor's hidden-state slot table), then deeper prompt rows of any length
+(prompt chunks, whose hidden states the executor keeps per chunk, keyed by slot and first
+position — so a request may own several prompt rows of one step). Index arithmetic is numpy over the rows; the
 arrays go to the device in one upload through the :class:`Uploader`.
 """
 
@@ -28,7 +29,7 @@ class StepBatch:
     slots_device: torch.Tensor  # the same, on the device
     depth: np.ndarray  # [R] 0-based loop each row runs
     num_depth0: int  # rows [0, num_depth0) start from embeddings
-    num_single: int  # rows [num_depth0, num_depth0 + num_single) are deeper one-token rows
+    num_single: int  # rows [num_depth0, num_depth0 + num_single) are deeper one-token decode rows
     embed_token_ids: torch.Tensor  # [tokens of depth-0 rows]
     meta: AttentionMetadata
     row_last_token: torch.Tensor  # [R] index of each row's last token in the packed axis
@@ -73,7 +74,7 @@ class RowBatchBuilder:
     def build(self, rows_in: Sequence[Row]) -> StepBatch:
         depth_in = _column(rows_in, "depth", np.int64)
         len_in = _column(rows_in, "length", np.int64)
-        group = np.where(depth_in == 0, 0, np.where(len_in == 1, 1, 2))
+        group = np.where(depth_in == 0, 0, np.where((len_in == 1) & ~_column(rows_in, "in_prompt", bool), 1, 2))
         order = np.argsort(group, kind="stable")
         rows = tuple(rows_in[i] for i in order)
         slots = _column(rows, "slot", np.int64)

@@ -98,8 +98,9 @@ class EagerExecutor:
         else:
             exited = b.fixed_exit.copy()
 
-        # Keep the state of rows that loop again (one-token rows by slot, chunks by position).
-        single = b.row_len == 1
+        # Keep the state of rows that loop again (one-token decode rows by slot, prompt chunks of
+        # any length by (slot, first position): the batch builder's row groups).
+        single = (b.row_len == 1) & ~b.in_prompt
         if single.all():
             self.hidden.index_copy_(0, slots_dev, last)
         elif single.any():

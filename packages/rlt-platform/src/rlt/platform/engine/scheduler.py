@@ -86,13 +86,25 @@ class LoopScheduler:
         return Row(request, slot, start, n, 0, samples=start + n >= request.num_prompt, in_prompt=True)
 
     # -- steps ---------------------------------------------------------------------------------
+    def step_budget_left(self) -> int:
+        """Tokens of the next step's budget that running requests leave for admissions.
+
+        Base: the budget minus the length of every running request's row. A policy whose rows
+        are sized at schedule time (rlt-prefill) counts what it has reserved instead.
+        """
+        return self.max_num_batched_tokens - sum(self._rows[r].length for r in self._running)
+
+    def admission_cost(self, request: Request) -> int:
+        """Tokens of the step budget ``request`` needs to be admitted (base: its first chunk)."""
+        return self.chunk_len(request, 0)
+
     def _admit(self) -> list[tuple[Request, BaseException]]:
         failed: list[tuple[Request, BaseException]] = []
-        budget = self.max_num_batched_tokens - sum(self._rows[r].length for r in self._running)
+        budget = self.step_budget_left()
         self.blocked_reason = None
         while self._waiting:
             req = self._waiting[0][2]
-            need = self.chunk_len(req, 0)
+            need = self.admission_cost(req)
             if not self._free_slots:
                 self.blocked_reason = f"all {self.max_num_seqs} sequence slots are busy"
                 break

@@ -1,0 +1,107 @@
+"""``prefill_uva``: a step's metadata staged in one pinned host buffer and read by one kernel.
+
+:class:`StagingUploader` is an :class:`~rlt.platform.engine.interfaces.Uploader`. Every array of
+an upload (all depths' rows of the step: token ids, positions, slot mappings, cumulative lengths,
+every plane's page tables, the row groups) is packed into one pinned host *bank* as 32-bit words
+(8-byte arrays first, so their views stay aligned), then moved in one operation:
+
+- mapped (the UVA probe passed, ``ctx.uva.enabled``): :func:`stage_words_kernel` reads the
+  pinned bank at its host address and writes the device bank — no copy-engine transfer, one
+  launch;
+- otherwise: one non-blocking copy of the bank.
+
+Banks are used round robin and grow by powers of two; before a bank is refilled the host waits on
+the event recorded behind its last use, so the device never reads a bank the host is rewriting.
+The device bank is split into views of the original names, shapes and dtypes (no further kernels).
+On CPU (tests) the bank is an ordinary tensor and the kernel runs in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import numpy as np
+import torch
+
+_BLOCK = 1024
+
+
+def _kernel():
+    from rlt.prefill.staging_kernel import stage_words_kernel
+
+    return stage_words_kernel
+
+
+class _Bank:
+    def __init__(self) -> None:
+        self.host: torch.Tensor | None = None
+        self.device: torch.Tensor | None = None
+        self.event = None
+
+    def reserve(self, words: int, device: torch.device, pinned: bool) -> None:
+        if self.event is not None:
+            self.event.synchronize()  # the device finished reading this bank's last contents
+        if self.host is None or self.host.numel() < words:
+            size = 1 << max(10, (words - 1).bit_length())
+            self.host = torch.empty(size, dtype=torch.int32, pin_memory=pinned)
+            self.device = torch.empty(size, dtype=torch.int32, device=device)
+
+
+def pack_words(arrays: Mapping[str, np.ndarray]) -> tuple[np.ndarray, dict[str, tuple[int, np.ndarray]]]:
+    """All arrays as one int32 word vector (8-byte arrays first) and each array's word offset."""
+    order = sorted(arrays, key=lambda n: -arrays[n].dtype.itemsize)
+    layout: dict[str, tuple[int, np.ndarray]] = {}
+    pieces, offset = [], 0
+    for name in order:
+        a = np.ascontiguousarray(arrays[name])
+        if a.dtype.itemsize not in (4, 8):
+            raise TypeError(f"prefill_uva stages 4- and 8-byte arrays; {name!r} is {a.dtype}")
+        words = a.reshape(-1).view(np.int32)
+        layout[name] = (offset, a)
+        pieces.append(words)
+        offset += words.size
+    packed = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+    return packed, layout
+
+
+class StagingUploader:
+    def __init__(self, device: torch.device, *, mapped: bool, banks: int = 3) -> None:
+        self.device = device
+        self.mapped = mapped
+        self._pinned = device.type == "cuda"
+        self._banks = [_Bank() for _ in range(banks)]
+        self._next = 0
+        #: uploads moved by the kernel / by a copy (for stats and tests)
+        self.num_mapped = 0
+        self.num_copied = 0
+
+    def _use_kernel(self) -> bool:
+        return self.mapped and (self.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+
+    def upload(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        packed, layout = pack_words(arrays)
+        n = packed.size
+        bank = self._banks[self._next]
+        self._next = (self._next + 1) % len(self._banks)
+        bank.reserve(max(n, 1), self.device, self._pinned)
+        bank.host[:n].copy_(torch.from_numpy(packed))
+        dst = bank.device[:n]
+        if n and self._use_kernel():
+            _kernel()[(-(-n // _BLOCK),)](bank.host, dst, n, BLOCK=_BLOCK)
+            self.num_mapped += 1
+        elif n:
+            dst.copy_(bank.host[:n], non_blocking=self._pinned)
+            self.num_copied += 1
+        if self._pinned:
+            bank.event = torch.cuda.Event()
+            bank.event.record()
+        out: dict[str, torch.Tensor] = {}
+        for name, (offset, a) in layout.items():
+            words = a.size * a.dtype.itemsize // 4
+            piece = dst[offset:offset + words]
+            dtype = {("i", 4): torch.int32, ("i", 8): torch.int64, ("f", 4): torch.float32,
+                     ("f", 8): torch.float64, ("u", 4): torch.int32, ("u", 8): torch.int64,
+                     ("b", 4): torch.int32}[(a.dtype.kind, a.dtype.itemsize)]
+            out[name] = piece.view(dtype).view(a.shape)
+        return out
