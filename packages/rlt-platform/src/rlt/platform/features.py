@@ -188,8 +188,7 @@ def name_to_package(name: str) -> str:
 #: Features rlt ships, by name -> distribution, so an absent one can be named in errors.
 KNOWN_FEATURE_PACKAGES = {
     "chunked_prefill": "rlt-prefill", "packed_prefill": "rlt-prefill", "prefill_uva": "rlt-prefill",
-    "decode_pipeline": "rlt-decode", "async_scheduling": "rlt-decode", "graphs": "rlt-decode",
-    "static_buffers": "rlt-decode", "multi_stream": "rlt-decode", "uva": "rlt-decode",
+    "static_buffers": "rlt-decode", "graphs": "rlt-decode",
     "prefix_cache": "rlt-kvcache", "preemption": "rlt-kvcache",
     "self_spec": "rlt-spec", "async_self_spec": "rlt-spec", "http": "rlt-serve",
 }
