@@ -56,7 +56,10 @@ def test_harness_on_tiny_checkpoint(tiny_checkpoint, tmp_path):
     assert kinds == ["reference", "dense"]
     for b in data["baselines"]:
         assert "error" not in b, b.get("error")
-        assert b["median"]["decode_tok_s"] > 0 and b["median"]["ttft_ms"] > 0
+        assert b["median"]["e2e_tok_s"] > 0 and b["median"]["ttft_ms"] > 0
+        # the reference's decode rate is a difference of two timed runs: on a loaded machine it can be
+        # unmeasurable (None), never negative or zero
+        assert b["median"]["decode_tok_s"] is None or b["median"]["decode_tok_s"] > 0
         assert b["floor"]["decode_step_s"] > 0
 
     (prof,) = data["profiles"]
