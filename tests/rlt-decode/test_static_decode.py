@@ -17,27 +17,12 @@ from rlt.platform.checkpoint import load_checkpoint
 from rlt.platform.composition import build_engine
 from rlt.platform.models.ouro_reference import reference_generate
 
+from engine_driver import run_arrivals as run
+
 
 def prompts(n, seed, lo=3, hi=12):
     rng = random.Random(seed)
     return [[rng.randrange(3, 320) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-def run(engine, prompt_list, params, arrive_every=0, abort=None):
-    outs, pending, step = {}, list(enumerate(prompt_list)), 0
-    while pending or engine.has_unfinished_requests():
-        if pending and (arrive_every == 0 or step % arrive_every == 0):
-            take = pending if arrive_every == 0 else pending[:1]
-            for i, p in take:
-                engine.add_request(f"r{i}", p, params[i] if isinstance(params, list) else params)
-            pending = pending[len(take):]
-        if abort is not None and step == abort[1]:
-            engine.abort_request(abort[0])
-        for o in engine.step():
-            if o.finished:
-                outs[o.request_id] = o
-        step += 1
-    return [outs.get(f"r{i}") for i in range(len(prompt_list))]
 
 
 def engines(path, **kw):
