@@ -20,14 +20,13 @@ import logging
 import time
 from collections import Counter
 
-import numpy as np
 import torch
 
 from rlt.attention import AttentionMetadata, KVLayout
 from rlt.decode.batch import DecodeBatch
-from rlt.platform.engine.executor import CompletedStep
+from rlt.platform.engine.executor import CompletedStep, sample_exited
 from rlt.platform.engine.exit_policy import OuroGateExit
-from rlt.platform.engine.interfaces import StepResult, Wrapped
+from rlt.platform.engine.interfaces import Wrapped
 
 log = logging.getLogger("rlt.decode")
 
@@ -133,16 +132,7 @@ class StaticDecodeExecutor(Wrapped):
         n = batch.num_rows
         h, exited_dev = self._run(batch)
         exited = exited_dev[:n].cpu().numpy() if batch.adaptive.any() else batch.fixed_exit.copy()
-        rows = np.nonzero(exited & batch.samples)[0]
-        num_tokens = np.zeros(n, np.int64)
-        if len(rows) == 0:
-            return CompletedStep(StepResult(exited, num_tokens, np.zeros(0, np.int64)))
-        num_tokens[rows] = 1
-        last = h[:n] if len(rows) == n else h.index_select(0, torch.from_numpy(rows).to(self.device))
-        out = self.sampler.sample(self.model.coda(last), batch.slots[rows])
-        host = lambda t: None if t is None else t.cpu().numpy()  # noqa: E731
-        return CompletedStep(StepResult(exited, num_tokens, host(out.token_ids), host(out.logprobs),
-                                        host(out.top_ids), host(out.top_logprobs)))
+        return CompletedStep(sample_exited(self.model, self.sampler, h[:n], exited, batch.samples, batch.slots))
 
     def describe(self) -> dict:
         return {

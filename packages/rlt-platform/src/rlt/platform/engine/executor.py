@@ -37,6 +37,23 @@ def _host(t: torch.Tensor | None) -> np.ndarray | None:
     return None if t is None else t.cpu().numpy()
 
 
+def sample_exited(model, sampler, last: torch.Tensor, exited: np.ndarray, samples: np.ndarray, slots: np.ndarray,
+                  prompt_logprobs=None) -> StepResult:
+    """The step's result: LM head and sampling for the rows (of ``last [R, hidden]``) that exited
+    and produce a token, one token each; host copies of the sampled tokens and logprobs."""
+    rows = np.nonzero(exited & samples)[0]
+    num_tokens = np.zeros(len(exited), np.int64)
+    extra = {} if prompt_logprobs is None else {"prompt_logprobs": prompt_logprobs}
+    if len(rows) == 0:
+        return StepResult(exited, num_tokens, np.zeros(0, np.int64), **extra)
+    num_tokens[rows] = 1
+    if len(rows) < len(exited):
+        last = last.index_select(0, torch.from_numpy(rows).to(last.device))
+    out = sampler.sample(model.coda(last), slots[rows])
+    return StepResult(exited, num_tokens, _host(out.token_ids), _host(out.logprobs), _host(out.top_ids),
+                      _host(out.top_logprobs), **extra)
+
+
 class EagerExecutor:
     #: computes prompt logprobs when a prompt chunk exits
     supports_prompt_logprobs = True
@@ -111,15 +128,5 @@ class EagerExecutor:
             self.chunk_hidden[(int(b.slots[i]), int(b.row_start[i]))] = h[start:start + int(b.row_len[i])]
 
         plp = prompt_logprobs_for_batch(self.model, h, b.row_token_start, exited, b.prompt_logprobs)
-        rows = np.nonzero(exited & b.samples)[0]
-        num_tokens = np.zeros(b.num_rows, np.int64)
-        if len(rows) == 0:
-            return CompletedStep(StepResult(exited, num_tokens, np.zeros(0, np.int64), prompt_logprobs=plp))
-        num_tokens[rows] = 1
-        if len(rows) == b.num_rows:
-            logits = self.model.coda(last)
-        else:
-            logits = self.model.coda(last.index_select(0, torch.from_numpy(rows).to(self.device)))
-        out = self.sampler.sample(logits, b.slots[rows])
-        return CompletedStep(StepResult(exited, num_tokens, _host(out.token_ids), _host(out.logprobs),
-                                        _host(out.top_ids), _host(out.top_logprobs), prompt_logprobs=plp))
+        return CompletedStep(sample_exited(self.model, self.sampler, last, exited, b.samples, b.slots,
+                                           prompt_logprobs=plp))
