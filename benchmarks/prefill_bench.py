@@ -7,6 +7,9 @@ Workloads (``--workload``, several allowed):
   adaptive exit allowed, rlt-prefill's features at their defaults (packed_prefill puts prompt rows
   on FA4 when it imports).
 - ``long``: one ``--long-len`` (32768) prompt under a ``--budget`` (2048) step budget: served?, TTFT.
+- ``logprobs``: the ``long`` prompt with ``prompt_logprobs`` (``--logprobs-k``): its peak device
+  memory above the same prompt without them, against the stated bound (four LM-head slices of
+  ``DEFAULT_CHUNK_SIZE`` positions x vocab fp32 values).
 - ``smooth``: ``--decoders`` (32) requests decoding while ``--arrival-len`` (16384) prompts arrive
   every ``--arrive-every`` seconds for ``--duration`` seconds, for each of full / chunked /
   wavefront prefill: the decoders' inter-token latency p50 / p99 and the long prompts' TTFT.
@@ -83,6 +86,43 @@ def long(model, args):
     return {"workload": "long", "prompt_len": args.long_len, "budget": args.budget, "served": True, "ttft_s": t}
 
 
+def logprobs(model, args):
+    """One ``--long-len`` prompt under the ``--budget`` with ``prompt_logprobs`` = ``--logprobs-k``:
+    its peak device memory above the same prompt without prompt logprobs (issue 16's bound)."""
+    import torch
+
+    from rlt.platform import SamplingParams
+    from rlt.platform.engine.prompt_logprobs import DEFAULT_CHUNK_SIZE
+
+    engine = _engine(model, budget=args.budget, max_num_seqs=4)
+    prompt = _ids(args.long_len, 9)
+    runs = {}
+    for name, k in (("warm", None), ("plain", None), ("logprobs", args.logprobs_k)):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        t = time.perf_counter()
+        engine.add_request(name, prompt, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True,
+                                                        prompt_logprobs=k))
+        outs = []
+        while engine.has_unfinished_requests():
+            outs += [o for o in engine.step() if o.request_id == name]
+        elapsed = time.perf_counter() - t
+        peak = (torch.cuda.max_memory_allocated() - base) if torch.cuda.is_available() else None
+        entries = next((o.prompt_logprobs for o in reversed(outs) if o.prompt_logprobs is not None), None)
+        runs[name] = {"seconds": elapsed, "peak_above_idle_mib": None if peak is None else peak / 2**20,
+                      "prompt_logprob_entries": None if entries is None else len(entries),
+                      "first_is_none": None if entries is None else entries[0] is None}
+    vocab = engine.ctx.model.shape.vocab_size
+    bound = 4 * DEFAULT_CHUNK_SIZE * vocab * 4 / 2**20
+    extra = (None if runs["plain"]["peak_above_idle_mib"] is None
+             else runs["logprobs"]["peak_above_idle_mib"] - runs["plain"]["peak_above_idle_mib"])
+    return {"workload": "logprobs", "prompt_len": args.long_len, "budget": args.budget, "k": args.logprobs_k,
+            "runs": runs, "extra_peak_mib": extra, "stated_bound_mib": bound,
+            "within_bound": None if extra is None else extra <= bound}
+
+
 def smooth(model, args, mode):
     from rlt.platform import SamplingParams
 
@@ -142,6 +182,7 @@ def main(argv=None):
     ap.add_argument("--long-len", type=int, default=32768)
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--chunk", type=int, default=0, help="prefill chunk size (0: the budget)")
+    ap.add_argument("--logprobs-k", type=int, default=5, help="top-k of the logprobs workload")
     ap.add_argument("--decoders", type=int, default=32)
     ap.add_argument("--arrival-len", type=int, default=16384)
     ap.add_argument("--arrive-every", type=float, default=3.0)
@@ -166,6 +207,7 @@ def main(argv=None):
     results = []
     for w in args.workload:
         for r in ([single(model, args)] if w == "single" else [long(model, args)] if w == "long"
+                  else [logprobs(model, args)] if w == "logprobs"
                   else [smooth(model, args, m) for m in args.modes]):
             print(json.dumps(r), flush=True)
             results.append(r)
