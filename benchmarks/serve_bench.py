@@ -106,6 +106,8 @@ def request_body(args: argparse.Namespace, model: str, prompt: str, chat: bool) 
     body: dict[str, Any] = {"model": model, "max_tokens": args.output_len, "temperature": args.temperature}
     if args.stream:
         body.update(stream=True, stream_options={"include_usage": True})
+    else:
+        body["stream"] = False
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -158,7 +160,7 @@ async def one_plain_request(client: httpx.AsyncClient, url: str, body: dict, tim
 
 
 async def one_request(client: httpx.AsyncClient, url: str, body: dict, chat: bool, timeout: float) -> RequestResult:
-    if not body.get("stream"):
+    if body.get("stream") is False:
         return await one_plain_request(client, url, body, timeout)
     res = RequestResult()
     res.start = clock()
