@@ -4,7 +4,9 @@ Load: ``--num-prompts`` requests arriving as a Poisson process at ``--request-ra
 (inter-arrival gaps ~ Gamma(burstiness, 1 / (rate * burstiness)); burstiness 1 is Poisson; the
 schedule is rescaled so the last arrival lands at num_prompts / rate, as vLLM does), or all at
 once (``--request-rate inf``), optionally capped at ``--max-concurrency`` requests in flight.
-Every request streams (SSE) with ``stream_options.include_usage``.
+Every request streams (SSE) with ``stream_options.include_usage``, unless ``--no-stream``: then each
+request is one JSON response, TTFT = E2EL = the time to that response, and TPOT / ITL are not
+measured (there are no chunks to time).
 
 Per request, with ``vllm bench serve``'s definitions: every SSE chunk that has choices is timed,
 whether or not it carries text (a token may decode to nothing; chat's first chunk carries only the
@@ -101,8 +103,11 @@ def make_prompts(args: argparse.Namespace, rng: random.Random) -> list[str]:
 
 
 def request_body(args: argparse.Namespace, model: str, prompt: str, chat: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": model, "max_tokens": args.output_len, "temperature": args.temperature,
-                            "stream": True, "stream_options": {"include_usage": True}}
+    body: dict[str, Any] = {"model": model, "max_tokens": args.output_len, "temperature": args.temperature}
+    if args.stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    else:
+        body["stream"] = False
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -133,7 +138,30 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
         yield buf[len("data:"):].strip()
 
 
+async def one_plain_request(client: httpx.AsyncClient, url: str, body: dict, timeout: float) -> RequestResult:
+    """A non-streaming request: one JSON response; TTFT = E2EL = its arrival."""
+    res = RequestResult()
+    res.start = clock()
+    try:
+        r = await client.post(url, json=body, timeout=timeout)
+        if r.status_code != 200:
+            res.error = f"HTTP {r.status_code}: {r.text[:300]}"
+            return res
+        msg = r.json()
+        res.end = clock()
+        res.ttft = res.latency = res.end - res.start
+        usage = msg.get("usage") or {}
+        res.prompt_tokens = usage.get("prompt_tokens")
+        res.output_tokens = usage.get("completion_tokens") or 0
+        res.ok = True
+    except (httpx.HTTPError, json.JSONDecodeError, asyncio.TimeoutError) as exc:
+        res.error = f"{type(exc).__name__}: {exc}"
+    return res
+
+
 async def one_request(client: httpx.AsyncClient, url: str, body: dict, chat: bool, timeout: float) -> RequestResult:
+    if body.get("stream") is False:
+        return await one_plain_request(client, url, body, timeout)
     res = RequestResult()
     res.start = clock()
     last = res.start
@@ -240,11 +268,11 @@ def summarize(args: argparse.Namespace, model: str, results: Sequence[RequestRes
     pct = [float(x) for x in args.percentiles.split(",") if x.strip()]
     total_in = sum(r.prompt_tokens or 0 for r in ok)
     total_out = sum(r.output_tokens for r in ok)
-    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1 and args.stream]
     return {
         "label": args.label, "base_url": args.base_url, "endpoint": args.endpoint, "model": model,
         "num_prompts": len(results), "request_rate": args.request_rate, "burstiness": args.burstiness,
-        "max_concurrency": args.max_concurrency, "input_len_words": args.input_len, "output_len": args.output_len,
+        "max_concurrency": args.max_concurrency, "stream": args.stream, "input_len_words": args.input_len, "output_len": args.output_len,
         "completed": len(ok), "failed": len(results) - len(ok),
         "errors": [r.error for r in results if not r.ok][:10],
         "duration_s": duration, "total_input_tokens": total_in, "total_output_tokens": total_out,
@@ -289,6 +317,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=32, help="words per random prompt")
     p.add_argument("--prompt-file", default=None, help="one prompt per line (cycled), instead of random words")
     p.add_argument("--output-len", type=int, default=32, help="max_tokens of every request")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                   help="stream (SSE, the default) or --no-stream: one JSON response per request")
     p.add_argument("--ignore-eos", action="store_true", help="send ignore_eos (rlt and vLLM) for fixed lengths")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=None)
