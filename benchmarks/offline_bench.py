@@ -36,7 +36,7 @@ import attrs
 import torch
 
 from benchmarks import baseline as baselines
-from benchmarks.bench_model import NAMED_CONFIGS, write_random_checkpoint
+from benchmarks.bench_model import NAMED_CONFIGS, bench_shape, write_random_checkpoint
 from benchmarks.profile_step import profile_decode, summary_markdown
 from benchmarks.report import environment, markdown
 from benchmarks.roofline import ModelCost, measure_ceilings, workload_floor
@@ -154,7 +154,8 @@ def main(argv=None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     log(f"rlt offline benchmark on {platform.name} ({device})")
     model_dir, model_info = resolve_model(args, device)
-    _, _raw, _family, model_cfg = read_config(model_dir)
+    _, _raw, family, parsed = read_config(model_dir)
+    model_cfg = bench_shape(family.model_type, parsed)
     dtype = resolve_dtype(args.dtype, getattr(model_cfg, "torch_dtype", None))
     model_info["dtype"] = str(dtype).removeprefix("torch.")
     elem = torch.empty((), dtype=dtype).element_size()

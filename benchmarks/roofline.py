@@ -15,6 +15,8 @@ Cost model (per token and loop unless said otherwise; b = bytes per element):
 * activations: each matmul's input read once and output written once (what a fully fused
   layer must still move): ``L · (12·H + 3·I)``-ish elements per token and loop, exactly
   ``L · (H + (nh+2nkv)d + 2·nh·d + H + H + 2I + I + H + 2·nkv·d + H)``;
+* layers outside the loop (Huginn's prelude + coda, ``boundary_layers``): weights read once per
+  step, one KV plane, once per token; Huginn's injection adapter counts as loop weights;
 * FLOPs: ``2 · params_per_loop`` per token and loop, plus attention ``4 · ctx · nh · d · L`` per
   token and loop (QK and PV; causal prefill counts ``ctx`` as the query's own position), plus
   ``2·V·H`` per sampled token.
@@ -97,17 +99,40 @@ class ModelCost:
     vocab: int
     num_loops: int
     elem_bytes: int
+    #: layers outside the loop, run once per token with one KV plane (Huginn's prelude + coda)
+    boundary_layers: int = 0
+    #: loop weights outside the layers (Huginn's injection adapter)
+    extra_params_per_loop: int = 0
 
     @classmethod
     def from_config(cls, cfg, elem_bytes: int) -> "ModelCost":
+        """From a :class:`benchmarks.bench_model.BenchShape` (or any config with its field names)."""
         return cls(cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
-                   cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size, cfg.total_ut_steps, elem_bytes)
+                   cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size, cfg.total_ut_steps, elem_bytes,
+                   getattr(cfg, "boundary_layers", 0), getattr(cfg, "extra_params_per_loop", 0))
+
+    @property
+    def params_per_layer(self) -> int:
+        h, i, d = self.hidden, self.intermediate, self.head_dim
+        return h * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * h + 3 * h * i
 
     @property
     def params_per_loop(self) -> int:
-        h, i, d = self.hidden, self.intermediate, self.head_dim
-        per_layer = h * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * h + 3 * h * i
-        return self.num_layers * per_layer
+        return self.num_layers * self.params_per_layer + self.extra_params_per_loop
+
+    @property
+    def boundary_params(self) -> int:
+        return self.boundary_layers * self.params_per_layer
+
+    def boundary_cost(self, tokens: int, ctx: float) -> "Cost":
+        """The once-per-token layers for ``tokens`` tokens at context ``ctx`` (weights read once)."""
+        if not self.boundary_layers:
+            return Cost(0.0, 0.0)
+        kv = 2 * self.boundary_layers * self.num_kv_heads * self.head_dim * self.elem_bytes
+        per_tok = self.activation_bytes_per_token_loop * self.boundary_layers / self.num_layers
+        flops = tokens * (2.0 * self.boundary_params
+                          + 4.0 * ctx * self.num_heads * self.head_dim * self.boundary_layers)
+        return Cost(self.boundary_params * self.elem_bytes + tokens * ((ctx + 1) * kv + per_tok), flops)
 
     @property
     def weight_bytes_per_loop(self) -> int:
@@ -159,7 +184,7 @@ def decode_step_cost(m: ModelCost, batch: int, ctx: float, loops: float) -> Cost
                                  + m.kv_bytes_per_position_plane))  # its own K/V write
     flops_per_loop = batch * (2.0 * m.params_per_loop + m.attention_flops_per_token_loop(ctx))
     return Cost(loops * per_loop_bytes + m.lm_head_bytes,
-                loops * flops_per_loop + batch * 2.0 * m.vocab * m.hidden)
+                loops * flops_per_loop + batch * 2.0 * m.vocab * m.hidden) + m.boundary_cost(batch, ctx)
 
 
 def prefill_cost(m: ModelCost, prompt: int, batch: int = 1) -> Cost:
@@ -170,7 +195,8 @@ def prefill_cost(m: ModelCost, prompt: int, batch: int = 1) -> Cost:
                       + batch * prompt * (m.activation_bytes_per_token_loop + 2 * m.kv_bytes_per_position_plane))
     mean_ctx = (prompt + 1) / 2.0  # causal: query i sees i + 1 keys
     flops = batch * loops * prompt * (2.0 * m.params_per_loop + m.attention_flops_per_token_loop(mean_ctx))
-    return Cost(loops * per_loop_bytes + m.lm_head_bytes, flops + batch * 2.0 * m.vocab * m.hidden)
+    return (Cost(loops * per_loop_bytes + m.lm_head_bytes, flops + batch * 2.0 * m.vocab * m.hidden)
+            + m.boundary_cost(batch * prompt, mean_ctx))
 
 
 @attrs.frozen

@@ -324,7 +324,7 @@ def fit_to_memory(model_dir: str, model_cfg, wl: Workload, opts: EngineOptions, 
     free, _ = module.mem_get_info()
     elem = torch.empty((), dtype=resolve_dtype(opts.dtype, model_cfg.torch_dtype)).element_size()
     cost = ModelCost.from_config(model_cfg, elem)
-    weights = (cost.params_per_loop + 2 * cost.vocab * cost.hidden) * elem
+    weights = (cost.params_per_loop + cost.boundary_params + 2 * cost.vocab * cost.hidden) * elem
     usable = 0.95 * free - 2 * weights  # the engine's fused copies, and the weights if not yet loaded
 
     def need(c: int) -> int:

@@ -10,7 +10,9 @@
 #      prefill, C=64 with adaptive depth (tau=0.7 on the random gate), the eager baselines, and
 #      torch-profiler views of C=1 and C=64 decode steps.
 # Writes results.json, results.md, profile.json, profile_summary.md, log.txt, probe.txt and
-# nvidia-smi.txt into $OUT. FIXED_DEPTH=1 runs only the headline workloads with --fixed-depth (auto may
+# nvidia-smi.txt into $OUT. MODELS="ouro-2.6b nanbeige4.2-3b huginn-0125 huginn-0125-r4" runs C=1, C=64
+# decode and an 8K prefill for each named model instead (FEATURES="--feature-module rlt.decode.feature"
+# adds rlt-decode). FIXED_DEPTH=1 runs only the headline workloads with --fixed-depth (auto may
 # then choose FlashAttention, e.g. FA4 when its wheels are installed; Triton is the fallback).
 #
 # Sizing (what was cut to fit a ~5-minute device slot; each cut is recorded in results.json):
@@ -46,6 +48,22 @@ echo "attention backend for the run: $BACKEND (probe took $(( $(date +%s) - T0 )
 COMMON=(--model ouro-1.4b --dtype bfloat16 --attention-backend "$BACKEND" --work-dir /tmp/rlt-bench --out-dir "$OUT"
         --reps 3 --warmup-output-len 4
         --workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k)
+if [ -n "${MODELS:-}" ]; then
+  # The other families (issue 14): C=1 and C=64 decode and one 8K prefill per named model, each
+  # into $OUT/<model>/ (MODELS="ouro-2.6b nanbeige4.2-3b huginn-0125 huginn-0125-r4", or a subset).
+  rc=0
+  for m in $MODELS; do
+    $PY -m benchmarks.offline_bench --model "$m" --dtype bfloat16 --attention-backend "$BACKEND" --work-dir /tmp/rlt-bench \
+      --out-dir "$OUT/$m" --reps 3 --warmup-output-len 4 --fallback-backend torch ${FEATURES:-} \
+      --workload c=1,in=1024,out=128,req=1,budget=${MODEL_BUDGET:-20},name=c1-1k \
+      --workload c=64,in=1024,out=128,req=64,budget=${MODEL_BUDGET:-20},name=c64-1k \
+      --workload c=1,in=8192,out=1,req=1,budget=15,name=prefill-8k > "$OUT/$m.log" 2>&1 || rc=1
+    echo "== $m"; grep -E "^\| (c1-1k|c64-1k|prefill-8k) " "$OUT/$m/results.md" || tail -5 "$OUT/$m.log"
+    rm -rf /tmp/rlt-bench/"$m"*  # the next model's checkpoint needs the disk
+  done
+  echo "bench_h200.sh: exit $rc after $(( $(date +%s) - T0 )) s; results in $OUT"
+  exit "$rc"
+fi
 if [ "${FIXED_DEPTH:-0}" = 1 ]; then
   # Fixed-depth serving (EngineConfig.fixed_depth): auto may choose FlashAttention for LAST_EXITED.
   # The headline workloads only; the baselines and profiles do not depend on it.

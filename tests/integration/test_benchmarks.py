@@ -96,12 +96,9 @@ def test_workload_spec_parsing():
 
 def test_roofline_matches_published_ouro_floors():
     """Issue 5: C=1 decode floor ~2.56 ms, C=64 1K ~14.5 ms (all-depth KV), 8K prefill ~60K tok/s."""
-    from rlt.platform.checkpoint.tiny import tiny_config
-    from rlt.platform.models.ouro import OuroConfig
+    from benchmarks.bench_model import named_shape
 
-    from benchmarks.bench_model import NAMED_CONFIGS
-
-    m = ModelCost.from_config(OuroConfig.from_dict(tiny_config(**NAMED_CONFIGS["ouro-1.4b"])), 2)
+    m = ModelCost.from_config(named_shape("ouro-1.4b"), 2)
     assert m.kv_bytes_per_position_plane == 196_608
     assert m.params_per_loop == 24 * (3 * 2048 * 2048 + 2048 * 2048 + 3 * 2048 * 5632)
     h200 = Ceilings(copy_bytes_per_s=4.3e12, matmul_flops_per_s=790e12, copy_bytes=0, matmul_n=0, dtype="bfloat16")
@@ -118,15 +115,30 @@ def test_roofline_matches_published_ouro_floors():
 
 def test_roofline_ouro_2_6b_shapes():
     """Ouro-2.6B: 48 layers, so twice the 1.4B's per-loop weights and KV (393,216 B per position-plane)."""
-    from rlt.platform.checkpoint.tiny import tiny_config
-    from rlt.platform.models.ouro import OuroConfig
+    from benchmarks.bench_model import named_shape
 
-    from benchmarks.bench_model import NAMED_CONFIGS
-
-    big, small = (ModelCost.from_config(OuroConfig.from_dict(tiny_config(**NAMED_CONFIGS[n])), 2)
+    big, small = (ModelCost.from_config(named_shape(n), 2)
                   for n in ("ouro-2.6b", "ouro-1.4b"))
     assert big.num_layers == 48 and big.kv_bytes_per_position_plane == 393_216
     assert big.params_per_loop == 2 * small.params_per_loop
     h200 = Ceilings(copy_bytes_per_s=4.3e12, matmul_flops_per_s=790e12, copy_bytes=0, matmul_n=0, dtype="bfloat16")
     c1_big, c1_small = (decode_step_cost(m, 1, 1024, 4).floor_s(h200) for m in (big, small))
     assert 1.8 * c1_small < c1_big < 2.0 * c1_small  # the LM head is not duplicated
+
+
+def test_roofline_nanbeige_and_huginn_shapes():
+    """models.md §2.2 / §3.1 parameter counts: Nanbeige 22 layers of 143,130,624 linear weights and
+    2 loops; Huginn 4 core blocks + the 2E x E adapter per loop, 4 boundary blocks once per token."""
+    from benchmarks.bench_model import named_shape
+
+    nb = ModelCost.from_config(named_shape("nanbeige4.2-3b"), 2)
+    assert nb.params_per_loop == 22 * 143_130_624 and nb.num_loops == 2 and nb.boundary_layers == 0
+    assert nb.kv_bytes_per_position_plane == 22 * 4096
+    hg, hg4 = (ModelCost.from_config(named_shape(n), 2) for n in ("huginn-0125", "huginn-0125-r4"))
+    block = 3 * 5280**2 + 5280**2 + 3 * 5280 * 17920
+    assert hg.params_per_loop == 4 * block + 2 * 5280**2 and hg.boundary_params == 4 * block
+    assert (hg.num_loops, hg4.num_loops) == (32, 4)
+    h200 = Ceilings(copy_bytes_per_s=4.3e12, matmul_flops_per_s=790e12, copy_bytes=0, matmul_n=0, dtype="bfloat16")
+    # one token: 32 loops of the core + the boundary blocks once; r=4 is much cheaper
+    c32, c4 = (decode_step_cost(m, 1, 1024, m.num_loops).floor_s(h200) for m in (hg, hg4))
+    assert 5 < c32 / c4 < 8
