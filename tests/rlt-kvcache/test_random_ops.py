@@ -36,7 +36,8 @@ def _value(tokens, plane: int, planes: int) -> float:
 
 
 class FakeWorld:
-    def __init__(self, rng: random.Random, num_blocks: int, mode: str, prefix: bool, layout=KVLayout.LAST_EXITED):
+    def __init__(self, rng: random.Random, num_blocks: int, mode: str, prefix: bool, layout=KVLayout.LAST_EXITED,
+                 chunk_limit: int | None = None):
         self.rng = rng
         self.cache = KVCache.allocate(num_layers=1, num_blocks=num_blocks, block_size=BS, num_kv_heads=1, head_dim=1,
                                       num_planes=PLANES, layout=layout, dtype=torch.float32, device="cpu")
@@ -45,7 +46,8 @@ class FakeWorld:
         self.slots = SlotTable(SEQS)
         self.sched = KVCacheScheduler(kv=self.kv, slots=self.slots, swapper=HostSwapper(self.cache), max_num_seqs=SEQS,
                                       max_num_batched_tokens=64, layout=layout,
-                                      preemption=PreemptionOptions(mode=mode, recompute_max_tokens=20, watermark=0.0))
+                                      preemption=PreemptionOptions(mode=mode, recompute_max_tokens=20, watermark=0.0),
+                                      chunk_limit=chunk_limit)
         self.layout = layout
         self.requests: list[Request] = []
         self.written: dict[tuple[int, int], int] = {}  # (arrival, position) -> planes written
@@ -146,13 +148,14 @@ class FakeWorld:
             assert self.idle[req] < 40, f"running request {req.request_id} was not scheduled for 40 steps"
 
 
-@pytest.mark.parametrize("mode,prefix,layout", [
-    ("auto", True, KVLayout.LAST_EXITED), ("swap", False, KVLayout.LAST_EXITED),
-    ("recompute", True, KVLayout.LAST_EXITED), ("auto", True, KVLayout.SHARED),
+@pytest.mark.parametrize("mode,prefix,layout,chunk", [
+    ("auto", True, KVLayout.LAST_EXITED, None), ("swap", False, KVLayout.LAST_EXITED, None),
+    ("recompute", True, KVLayout.LAST_EXITED, None), ("auto", True, KVLayout.SHARED, None),
+    ("auto", True, KVLayout.LAST_EXITED, 3),  # chunked prompts and recompute runs through the chunker
 ])
-def test_random_operations_keep_every_invariant(mode, prefix, layout):
-    rng = random.Random(f"{mode}-{prefix}-{layout.value}")
-    w = FakeWorld(rng, num_blocks=36, mode=mode, prefix=prefix, layout=layout)
+def test_random_operations_keep_every_invariant(mode, prefix, layout, chunk):
+    rng = random.Random(f"{mode}-{prefix}-{layout.value}-{chunk}")
+    w = FakeWorld(rng, num_blocks=36, mode=mode, prefix=prefix, layout=layout, chunk_limit=chunk)
     steps = 1500
     for step in range(steps):
         if step < steps - 300 and rng.random() < 0.35:

@@ -45,8 +45,7 @@ def test_small_pool_degrades_instead_of_failing(launch_server, tiny_model):
     server = launch_server("--model", str(tiny_model), "--served-model-name", "tiny", "--dtype", "float32",
                            "--num-kv-blocks", str(SMALL_POOL), "--max-num-seqs", "64", "--block-size", "4",
                            "--preemption", "--preemption-mode", "auto", "--prefix-cache", "--log-level", "warning",
-                           # rlt-prefill's chunked_prefill replaces the scheduler too: the two do not compose yet
-                           "--no-chunked-prefill")
+                           "--max-num-batched-tokens", "64", "--prefill-chunk-size", "16")  # chunked prefill composes
     assert "policy=priority" in server.stdout  # the startup feature table shows the policy
     results = asyncio.run(_run_all(server.url))
     errors = [r for r in results if isinstance(r, BaseException)]

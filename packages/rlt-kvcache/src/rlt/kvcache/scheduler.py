@@ -1,19 +1,25 @@
-"""KVCacheScheduler: the rlt-kvcache :class:`SchedulerPolicy` (loop-level, like the base policy).
+"""KVCacheScheduler: the rlt-kvcache :class:`SchedulerPolicy`, a subclass of the base policy.
 
-What it adds to the base :class:`rlt.platform.engine.scheduler.LoopScheduler` semantics (one row
-per running request per step, refilled at loop granularity, transactional admission):
+What it adds to the base :class:`rlt.platform.engine.scheduler.LoopScheduler` semantics (rows
+refilled at loop granularity, transactional admission). Which prompt rows run in a step stays
+the policy's ``prompt_chunker`` (:mod:`rlt.platform.engine.chunking`): the base one, or the one
+rlt-prefill installs (chunked / wavefront prefill) — this policy only hands it runs (a prompt
+from its cached prefix on, a recompute range) and grows KV for the chunks it starts:
 
-- **Incremental KV** (``preemption`` on): before a step, every running row that starts a new
-  position range (depth 0) grows its allocation to cover it, in scheduling order. When growth
+- **Incremental KV** (``preemption`` on): before a step, every running request whose rows start
+  a new position range (a depth-0 row: a decode row or a newly started chunk) grows its
+  allocation to cover it, in scheduling order. When growth
   cannot be met, a victim is preempted: the worst running request by (priority, arrival) that is
-  worse than the grower, sits at a chunk boundary (depth 0) and is not already in the step being
-  built. Without a victim the grower waits one step (keeping its pages). Admission charges what a
+  worse than the grower, sits at a chunk boundary (no row beyond depth 0: with wavefront prefill,
+  no chunk in flight between loops) and is not already in the step being built. Without a victim
+  the grower's depth-0 rows wait one step (keeping its pages; its deeper chunks still run). Admission charges what a
   request needs now plus this step's growth of the running set plus the watermark.
 - **Preemption and recovery**: a victim is preempted only at depth 0, where no device state of
   its slot is live (its next input is an embedding), so it can resume in any slot with any
   executor. Its KV is either swapped (all planes, the version map included, to host memory and
-  back into whatever blocks it gets) or dropped and recomputed on resume as non-sampling
-  full-depth prompt chunks over its prompt and generated positions; recompute is exact only when
+  back into whatever blocks it gets) or dropped and recomputed on resume as a non-sampling run of
+  full-depth prompt chunks over its generated positions (a victim still in its prompt simply
+  restarts its prompt run from the cached prefix); recompute is exact only when
   every generated token ran the full depth, so only fixed-depth requests (τ >= 1, no prompt
   logprobs) are recomputed — adaptive-exit requests are always swapped. The sampler's per-slot
   step counter moves with the request, so seeded streams continue. A resumed request rejoins the
@@ -40,6 +46,7 @@ from rlt.kvcache.manager import KVCacheManager
 from rlt.kvcache.metrics import scheduler_metrics
 from rlt.kvcache.options import PreemptionOptions
 from rlt.kvcache.swap import HostSwapper, SwappedKV
+from rlt.platform.engine.chunking import PromptRun
 from rlt.platform.engine.exit_policy import is_adaptive
 from rlt.platform.engine.interfaces import FeatureMetric, Row, StepPlan, StepResult
 from rlt.platform.engine.request import Request, RequestStatus
@@ -48,7 +55,9 @@ from rlt.platform.engine.scheduler import LoopScheduler
 
 @attrs.define(eq=False)
 class Preempted:
-    row: Row  # where it stood (depth 0); its slot is stale
+    #: where it stood (depth 0; its slot is stale): its decode row, or the rest of its prompt run
+    #: as one ``in_prompt`` row (resumed through the chunker)
+    row: Row
     mode: str  # "swap" | "recompute"
     kv: SwappedKV | None = None
     pages: int = 0
@@ -68,38 +77,28 @@ class PreemptionCounters:
     stalls: int = 0
 
 
-class KVCacheScheduler:
+class KVCacheScheduler(LoopScheduler):
     supported_exit_latency = 0
 
     def __init__(self, *, kv: KVCacheManager, slots, swapper: HostSwapper | None, max_num_seqs: int,
                  max_num_batched_tokens: int, layout: KVLayout, preemption: PreemptionOptions | None,
                  executor=None, platform=None, chunk_limit: int | None = None) -> None:
-        self.kv = kv
-        self.slots = slots
+        super().__init__(kv=kv, slots=slots, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                         layout=layout, chunk_limit=chunk_limit)
         self.swapper = swapper
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.layout = layout
         self.options = preemption
         self.incremental = preemption is not None
         self.policy = preemption.policy if preemption is not None else "priority"
-        #: the most prompt positions in one chunk (None: the whole prompt); rlt-prefill may set it
-        self.chunk_limit = chunk_limit
         #: callable -> the engine's executor (built after the scheduler), to drop a victim's slot state
         self._executor = executor
         self._platform = platform
-        self._waiting: list[tuple[tuple[int, ...], Request]] = []
-        self._running: list[Request] = []
-        self._rows: dict[Request, Row] = {}
-        self._free_slots = list(range(max_num_seqs - 1, -1, -1))
         self._preempted: dict[Request, Preempted] = {}
-        #: recompute in progress: the row to continue with once positions [0, row.start) have KV again
+        #: recompute in progress: the decode row to continue with once the recompute run completed
         self._resume_at: dict[Request, Row] = {}
         self._last_slot: dict[Request, int] = {}
         self._admitted_now: set[Request] = set()
         self._preempted_now: set[Request] = set()
         self.counters = PreemptionCounters()
-        self.blocked_reason: str | None = None
 
     @classmethod
     def from_context(cls, ctx, preemption: PreemptionOptions | None) -> "KVCacheScheduler":
@@ -108,75 +107,66 @@ class KVCacheScheduler:
                    max_num_batched_tokens=ctx.max_num_batched_tokens, layout=ctx.kv.layout, preemption=preemption,
                    executor=lambda: ctx.parts.executor, platform=ctx.platform)
 
-    # -- queue -------------------------------------------------------------------------------------
-    @property
-    def num_waiting(self) -> int:
-        return len(self._waiting)
-
-    @property
-    def num_running(self) -> int:
-        return len(self._running)
-
-    def running_requests(self) -> Sequence[Request]:
-        return tuple(self._running)
-
     def key(self, req: Request) -> tuple[int, ...]:
         """Scheduling order: smaller first; the largest key is the first victim."""
         if self.policy == "fcfs":
             return (req.arrival_index,)
         return (req.params.priority, req.arrival_index)
 
-    def add(self, request: Request) -> None:
-        heapq.heappush(self._waiting, (self.key(request), request))
-
-    # Prompt chunking is the base policy's (public methods over ``layout`` and ``chunk_limit``).
-    first_chunk_len = LoopScheduler.first_chunk_len
-    chunk_len = LoopScheduler.chunk_len
-
-    def _prompt_row(self, req: Request, slot: int, start: int) -> Row:
-        n = self.chunk_len(req, start)
-        return Row(req, slot, start, n, 0, samples=start + n >= req.num_prompt, in_prompt=True)
-
-    def _recompute_row(self, req: Request, slot: int, start: int, target: int) -> Row:
-        n = min(self.first_chunk_len(target - start), self.max_num_batched_tokens)
-        return Row(req, slot, start, n, 0, samples=False, in_prompt=True)
-
     # -- admission -----------------------------------------------------------------------------------
     def _entry(self, req: Request, slot: int) -> tuple[Row, int, int]:
-        """(first row, positions to allocate, cached pages) for admitting or resuming ``req``."""
+        """(entry, positions to allocate, cached pages) for admitting or resuming ``req``. The entry
+        is a decode row, or an ``in_prompt`` row standing for a run ``[start, end)`` of chunks."""
         bs = self.kv.block_size
         saved = self._preempted.get(req)
         if saved is not None and saved.mode == "swap":
             row = attrs.evolve(saved.row, slot=slot)
-            return row, max(saved.pages * bs, row.end), 0
+            return row, max(saved.pages * bs, self._first_end(row)), 0
         target = saved.row.start if saved is not None else 0
         hit = self.kv.match_pages(req)
         if saved is not None:
             hit = min(hit, target // bs)
         start = hit * bs
-        if saved is None:
-            row = self._prompt_row(req, slot, start)
+        if saved is None or saved.row.in_prompt:  # a prompt run, from its cached prefix on
+            row = Row(req, slot, start, req.num_prompt - start, 0, samples=True, in_prompt=True)
         elif start >= target:
             row = attrs.evolve(saved.row, slot=slot)
-        else:
-            row = self._recompute_row(req, slot, start, target)
-        positions = row.end if self.incremental else req.max_positions
+        else:  # recompute [start, target) without sampling, then decode on from target
+            row = Row(req, slot, start, target - start, 0, samples=False, in_prompt=True)
+        positions = self._first_end(row) if self.incremental else req.max_positions
         return row, positions, hit
+
+    def _first_end(self, entry: Row) -> int:
+        """One past the last position the entry's first step writes."""
+        if not entry.in_prompt:
+            return entry.end
+        return entry.start + self.prompt_chunker.next_len(PromptRun(entry.slot, entry.end, entry.samples,
+                                                                    entry.start))
+
+    def _cost(self, entry: Row) -> int:
+        if not entry.in_prompt:
+            return entry.length
+        return self.prompt_chunker.admission_cost(PromptRun(entry.slot, entry.end, entry.samples, entry.start))
 
     def _growth_reserve(self) -> int:
         if not self.incremental:
             return 0
-        need = sum(self.kv.growth_blocks(r.slot, self._rows[r].end) for r in self._running
-                   if self._rows[r].depth == 0)
+        c = self.prompt_chunker
+        need = 0
+        for r in self._running:
+            if c.active(r):
+                need += self.kv.growth_blocks(r.slot, c.frontier(r))
+            elif self._rows[r].depth == 0:
+                need += self.kv.growth_blocks(r.slot, self._rows[r].end)
         if self._running:
             need += int(self.options.watermark * self.kv.num_blocks)
         return need
 
     def _admit_one(self, req: Request, slot: int, budget: int) -> tuple[Row | None, str]:
-        """Take KV for ``req`` in ``slot``: (its first row, "") or (None, "budget" | "kv") when it does
+        """Take KV for ``req`` in ``slot``: (its entry, "") or (None, "budget" | "kv") when it does
         not fit (then nothing changed)."""
         row, positions, hit = self._entry(req, slot)
-        if row.length > budget:
+        if self._cost(row) > budget:
             self.blocked_reason = f"step token budget ({self.max_num_batched_tokens}) is in use"
             return None, "budget"
         saved = self._preempted.get(req)
@@ -205,20 +195,24 @@ class KVCacheScheduler:
                 c.swapped_in_bytes += saved.kv.nbytes
             elif row.start < saved.row.start:
                 c.recompute_tokens += saved.row.start - row.start
-                self._resume_at[req] = saved.row
+                if not saved.row.in_prompt:
+                    self._resume_at[req] = saved.row
             # the sampler's step counter (seeded streams) and the token count travel with the request
             self.slots.num_generated[slot] = len(req.output_token_ids)
         else:
             req.first_scheduled_time = time.monotonic()
         req.slot = slot
         req.status = RequestStatus.RUNNING
-        self._rows[req] = attrs.evolve(row, slot=slot)
+        if row.in_prompt:
+            self.prompt_chunker.begin(req, slot, row.start, row.end, samples=row.samples)
+        else:
+            self._rows[req] = attrs.evolve(row, slot=slot)
         self._running.append(req)
         self._admitted_now.add(req)
 
     def _admit(self) -> list[tuple[Request, BaseException]]:
         failed: list[tuple[Request, BaseException]] = []
-        budget = self.max_num_batched_tokens - sum(self._rows[r].length for r in self._running)
+        budget = self.step_budget_left()
         self.blocked_reason = None
         while self._waiting:
             req = self._waiting[0][1]
@@ -253,14 +247,17 @@ class KVCacheScheduler:
                 continue
             heapq.heappop(self._waiting)
             self._start(req, slot, row)
-            budget -= row.length
+            budget -= self._cost(row)
         return failed
 
     # -- victims ---------------------------------------------------------------------------------------
+    def _at_boundary(self, req: Request) -> bool:
+        c = self.prompt_chunker
+        return c.at_boundary(req) if c.active(req) else self._rows[req].depth == 0
+
     def _eligible(self, exclude: set[Request]) -> list[Request]:
         """Running requests that can be preempted now, worst first."""
-        out = [r for r in self._running if self._rows[r].depth == 0 and r not in exclude
-               and r not in self._admitted_now]
+        out = [r for r in self._running if r not in exclude and r not in self._admitted_now and self._at_boundary(r)]
         return sorted(out, key=self.key, reverse=True)
 
     def _admission_victim(self, req: Request) -> Request | None:
@@ -296,8 +293,16 @@ class KVCacheScheduler:
             return "recompute"
         return "recompute" if row.start <= self.options.recompute_max_tokens else "swap"
 
+    def _standing(self, req: Request) -> Row:
+        """Where a request at a boundary continues: its decode row, or the rest of its run."""
+        run = self.prompt_chunker.drop(req)
+        if run is None:
+            return self._rows.pop(req)
+        start = run.resume_start
+        return Row(req, run.slot, start, run.end - start, 0, samples=run.samples, in_prompt=True)
+
     def _preempt(self, victim: Request) -> None:
-        row = self._rows.pop(victim)
+        row = self._standing(victim)
         self._running.remove(victim)
         slot = victim.slot
         target = self._resume_at.pop(victim, None)
@@ -329,74 +334,62 @@ class KVCacheScheduler:
 
     # -- steps ---------------------------------------------------------------------------------------
     def _grow(self) -> list[Row]:
-        """Grow every running row's KV to what this step writes; preempt or defer where it cannot."""
+        """Grow every running request's KV to what its depth-0 rows write in this step; preempt or
+        defer (those rows only) where it cannot."""
         rows: list[Row] = []
         in_step: set[Request] = set()
         for req in sorted(self._running, key=self.key):
-            if req not in self._rows:  # preempted by a better request in this loop
+            if req.status is not RequestStatus.RUNNING:  # preempted by a better request in this loop
                 continue
-            row = self._rows[req]
-            while row.depth == 0 and not self.kv.grow(req.slot, req, row.end):
+            mine = self.rows_of(req)
+            new = [r for r in mine if r.depth == 0]
+            end = max((r.end for r in new), default=0)
+            while new and not self.kv.grow(req.slot, req, end):
                 victim = self._growth_victim(req, in_step)
                 if victim is None:
                     break
                 self._preempt(victim)
             else:
-                rows.append(row)
+                rows.extend(mine)
                 in_step.add(req)
                 continue
             self.counters.stalls += 1
-        by_req = {r.request: r for r in rows}
-        return [by_req[r] for r in self._running if r in by_req]
+            deeper = [r for r in mine if r.depth > 0]  # chunks between loops keep running
+            if deeper:
+                rows.extend(deeper)
+                in_step.add(req)
+        order = {r: i for i, r in enumerate(self._running)}
+        return sorted(rows, key=lambda row: order[row.request])  # stable: a request's chunks keep their order
 
     def schedule(self) -> StepPlan:
         self.kv.close_step()
         self._admitted_now.clear()
         self._preempted_now.clear()
         failed = self._admit()
-        rows = self._grow() if self.incremental else [self._rows[r] for r in self._running]
+        if self.incremental:
+            self.start_due_chunks()
+            rows = self._grow()
+        else:
+            rows = self.step_rows()
         self.kv.open_step(r.slot for r in rows)
         return StepPlan(tuple(rows), tuple(failed))
 
     def finish(self, request: Request) -> None:
-        if request.status is RequestStatus.RUNNING:
-            self._running.remove(request)
-            self._rows.pop(request, None)
-            self.kv.free(request.slot)
-            self._free_slots.append(request.slot)
-        elif request.status is RequestStatus.WAITING:
-            for i, (_, r) in enumerate(self._waiting):
-                if r is request:
-                    self._waiting.pop(i)
-                    heapq.heapify(self._waiting)
-                    break
+        super().finish(request)
         self._preempted.pop(request, None)
         self._resume_at.pop(request, None)
         self._last_slot.pop(request, None)
-        request.status = RequestStatus.FINISHED
 
     def advance(self, rows: Sequence[Row], result: StepResult, done: set[Request]) -> None:
-        """Move each row on after a step: one loop deeper, or to its request's next chunk."""
+        """Move each row on after a step; publish prompt pages whose every plane is written."""
         for row, exited, produced in zip(rows, result.exited, result.num_tokens):
             req = row.request
             if req in done or req.status is not RequestStatus.RUNNING:
                 continue
             if exited and row.in_prompt:
-                self.kv.publish(row.slot, row.end)  # every plane of these positions is written
-            if not exited:
-                nxt = row.deeper()
-            elif produced:
-                pos = req.num_prompt + len(req.output_token_ids) - 1
-                nxt = Row(req, row.slot, pos, 1, 0, samples=True, in_prompt=False)
-            elif req in self._resume_at:
-                target = self._resume_at[req]
-                if row.end >= target.start:
-                    nxt = attrs.evolve(self._resume_at.pop(req), slot=row.slot)
-                else:
-                    nxt = self._recompute_row(req, row.slot, row.end, target.start)
-            else:  # a prompt chunk that does not end the prompt: the next one
-                nxt = self._prompt_row(req, row.slot, row.end)
-            self._rows[req] = nxt
+                self.kv.publish(row.slot, row.end)  # every plane of positions [0, row.end) is written
+            if self.advance_row(row, bool(exited), bool(produced)):  # a recompute run completed
+                self._rows[req] = attrs.evolve(self._resume_at.pop(req), slot=row.slot)
         self.kv.close_step()
 
     # -- metrics ---------------------------------------------------------------------------------------

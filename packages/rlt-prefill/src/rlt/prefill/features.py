@@ -1,9 +1,10 @@
 """The features of rlt-prefill: options (CLI flags), requirements and how each installs itself.
 
-``chunked_prefill`` replaces the scheduler policy (with :class:`ChunkedPrefillScheduler`, a
-subclass of the base policy); another feature that replaces the scheduler cannot be composed
-with it (the composition names both). ``packed_prefill`` wraps the batch builder and the
-executor; ``prefill_uva`` replaces the uploader.
+``chunked_prefill`` wraps the scheduler policy and sets its ``prompt_chunker`` (the seam of
+:mod:`rlt.platform.engine.chunking`) to a :class:`ChunkedPrefillChunker`, so it composes with
+any policy that replaces the scheduler (rlt-kvcache's prefix cache and preemption).
+``packed_prefill`` wraps the batch builder and the executor; ``prefill_uva`` replaces the
+uploader.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import logging
 
 import attrs
 
+from rlt.platform.engine.assembly import CompositionError
+from rlt.platform.engine.interfaces import Wrapped
 from rlt.platform.features import Feature
 from rlt.platform.platforms import Capability
 from rlt.prefill.row_groups import PromptRowGroups, RowGroupBatchBuilder
 from rlt.prefill.prompt_backend import choose_prompt_backend
-from rlt.prefill.scheduler import ChunkedPrefillScheduler
+from rlt.prefill.scheduler import ChunkedPrefillChunker
 from rlt.prefill.uva_uploader import StagingUploader
 
 log = logging.getLogger("rlt.prefill")
@@ -44,12 +47,19 @@ class ChunkedPrefillOptions:
 
 
 def install_chunked_prefill(builder, options: ChunkedPrefillOptions) -> None:
-    def factory(ctx):
-        return ChunkedPrefillScheduler.from_options(
+    def wrap(ctx, inner):
+        policy = inner
+        while isinstance(policy, Wrapped):  # the policy itself, under any delegating wrapper
+            policy = policy.inner
+        if not hasattr(policy, "prompt_chunker"):
+            raise CompositionError(f"chunked_prefill needs a scheduler policy with a prompt_chunker (the seam of "
+                                   f"rlt.platform.engine.chunking); {type(policy).__name__} has none")
+        policy.prompt_chunker = ChunkedPrefillChunker.from_options(
             ctx, chunk_size=options.chunk_size or ctx.max_num_batched_tokens, wavefront=options.wavefront,
             max_inflight_tokens=options.max_inflight_tokens or None)
+        return inner
 
-    builder.replace("scheduler", factory)
+    builder.wrap("scheduler", wrap)
 
 
 @attrs.frozen
