@@ -227,6 +227,8 @@ class HuginnModel(LoopedModel):
 
     has_exit_gate = False
     boundary_attention = True
+    per_request_depth = True
+    has_initial_state = True
 
     def __init__(self, cfg: HuginnConfig, weights: dict[str, torch.Tensor]) -> None:
         super().__init__()
@@ -336,7 +338,4 @@ HUGINN = ModelFamily(
     default_stop_token_ids=(65505, 65508),  # <|end_text|>, <|end_turn|> (models.md §2.6)
     stop_tokens=("<|end_text|>", "<|end_turn|>"),
     optional_weights=huginn_optional_weights,
-    engine_unsupported=("Huginn needs engine support for prelude/coda attention (a boundary KV cache), the "
-                        "per-row injection and a per-request seeded initial state, which the engine does not "
-                        "have yet; serve an Ouro or Nanbeige checkpoint"),
 )
