@@ -1,8 +1,8 @@
 """Huginn-0125: the runtime stages (driven over paged KV by a test-only executor) are token-identical
 in fp32 greedy to the eager reference, across recurrence counts 1/4/32, mixed per-request counts in
 one batch, batch sizes, mixed lengths and arrivals mid-decode; plus the seeded initial state, the
-RoPE layout, the checkpoint variants, bad checkpoints, the template and stop ids, and the engine's
-refusal (it cannot run prelude/coda attention yet).
+RoPE layout, the checkpoint variants, bad checkpoints, the template and stop ids. The engine serving
+Huginn is tested in test_huginn_engine.py.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from safetensors.torch import load_file, save_file
 
 from engine_helpers import random_prompts
 from huginn_driver import HuginnDriver
-from rlt.platform import CheckpointError, EngineConfig, LLMEngine
+from rlt.platform import CheckpointError
 from rlt.platform.checkpoint import RltTokenizer, load_checkpoint
 from rlt.platform.checkpoint.tiny import write_tiny_checkpoint
-from rlt.platform.errors import ConfigError
 from rlt.platform.models import MODEL_FAMILIES
 from rlt.platform.models.huginn import initial_state
 from rlt.platform.models.huginn_reference import huginn_reference_generate

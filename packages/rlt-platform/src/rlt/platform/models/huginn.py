@@ -22,7 +22,8 @@ Checkpoints hold fp32 weights (cast to the serving dtype at load), may carry ``l
 (tied: ignored, the embedding is the head) and ``freqs_cis`` (ignored: the table is recomputed in
 fp32), and ship ``.py`` files that rlt never runs.
 
-Executor contract (what an engine must do to serve Huginn; the stages below are the whole model)
+Executor contract (what an engine must do to serve Huginn; the stages below are the whole model;
+:class:`rlt.platform.engine.boundary.BoundaryExecutor` implements it)
 --------------------------------------------------------------------------------------------------
 Two KV caches, both addressed through the usual :class:`AttentionMetadata`:
 
