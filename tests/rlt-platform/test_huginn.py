@@ -1,8 +1,8 @@
 """Huginn-0125: the runtime stages (driven over paged KV by a test-only executor) are token-identical
 in fp32 greedy to the eager reference, across recurrence counts 1/4/32, mixed per-request counts in
 one batch, batch sizes, mixed lengths and arrivals mid-decode; plus the seeded initial state, the
-RoPE layout, the checkpoint variants, bad checkpoints, the template and stop ids, and the engine's
-refusal (it cannot run prelude/coda attention yet).
+RoPE layout, the checkpoint variants, bad checkpoints, the template and stop ids. The engine serving
+Huginn is tested in test_huginn_engine.py.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from safetensors.torch import load_file, save_file
 
 from engine_helpers import random_prompts
 from huginn_driver import HuginnDriver
-from rlt.platform import CheckpointError, EngineConfig, LLMEngine
+from rlt.platform import CheckpointError
 from rlt.platform.checkpoint import RltTokenizer, load_checkpoint
 from rlt.platform.checkpoint.tiny import write_tiny_checkpoint
-from rlt.platform.errors import ConfigError
 from rlt.platform.models import MODEL_FAMILIES
 from rlt.platform.models.huginn import initial_state
 from rlt.platform.models.huginn_reference import huginn_reference_generate
@@ -197,12 +196,6 @@ def test_bad_weights_are_named(tmp_path, breakage, message):
     save_file(tensors, str(path / "model.safetensors"))
     with pytest.raises(CheckpointError, match=message):
         load_checkpoint(path, dtype=torch.float32)
-
-
-def test_engine_refuses_huginn_with_one_clear_error(tiny_checkpoint):
-    with pytest.raises(ConfigError, match="Huginn needs engine support for prelude/coda attention") as err:
-        LLMEngine(EngineConfig(model=str(tiny_checkpoint(family="huginn_raven", seed=1)), dtype="float32"))
-    assert "\n" not in str(err.value)
 
 
 def test_template_and_stop_ids(tiny_checkpoint):

@@ -71,9 +71,12 @@ class EngineConfig:
     max_num_batched_tokens: int | None = attrs.field(
         default=None, validator=_positive("max_num_batched_tokens"), metadata=_meta(
             "tokens in one step (default: max_model_len)", type=positive_int))
-    #: depth planes (and the most loops a request may ask for); None = the model's loop count.
+    #: depth planes (and the most loops a request may ask for); None = the model's loop count. For a
+    #: model whose depth is a per-request choice (Huginn) it is the most recurrences a request may ask
+    #: for (``max_loops``); requests that give none run the model's own count (``mean_recurrence``).
     num_loops: int | None = attrs.field(default=None, validator=_positive("num_loops"), metadata=_meta(
-        "depth planes / most loops per token (default: the model's)", type=positive_int))
+        "depth planes / most loops per token (default: the model's; Huginn: the most recurrences a "
+        "request may ask for, requests default to mean_recurrence)", type=positive_int))
     #: default τ for requests that do not set one; None = 1.0 (fixed full depth).
     exit_threshold: float | None = attrs.field(default=None, metadata=_meta(
         "exit threshold τ for requests that give none (none: 1.0, fixed full depth)",
@@ -84,6 +87,10 @@ class EngineConfig:
     fixed_depth: bool = attrs.field(default=False, metadata=_meta(
         "no request may exit early (exit_threshold < 1 is rejected); lets FlashAttention serve the "
         "last_exited layout"))
+    #: scale of the random initial recurrent state (Huginn) for requests that give none; 0: zero state.
+    init_state_scale: float = attrs.field(default=1.0, metadata=_meta(
+        "scale of the random initial state of models that have one (Huginn; 0: the deterministic zero "
+        "state) for requests that give no init_state_scale (default: 1.0, as the reference)"))
     seed: int = attrs.field(default=0, metadata=_meta(
         "seeds the sampling of requests that give no seed", flag="--engine-seed"))
 
@@ -95,6 +102,9 @@ class EngineConfig:
         if self.fixed_depth and self.exit_threshold is not None and self.exit_threshold < 1.0:
             raise ConfigError(f"fixed_depth serving cannot have a default exit_threshold below 1 "
                               f"(got {self.exit_threshold})")
+        scale = self.init_state_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 <= scale < float("inf"):
+            raise ConfigError(f"init_state_scale must be a finite number >= 0, got {scale!r}")
         if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             raise ConfigError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
 

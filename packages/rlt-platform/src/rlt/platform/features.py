@@ -39,6 +39,10 @@ class Feature:
     #: install(builder, options) applies the feature (builder: an assembly FeatureInstaller).
     install: Callable[[Any, Any], None] | None = None
     enabled_by_default: bool = True
+    #: its components were verified with models whose prelude and coda run attention (Huginn); an
+    #: engine for such a model refuses, at composition, every other feature that wraps or replaces a
+    #: component (naming the flags that disable them)
+    boundary_attention: bool = False
     #: non-empty: the feature is registered but cannot run on any platform yet (it is listed as not
     #: available with this reason, and its flags are refused with it)
     unavailable: str = ""
@@ -160,6 +164,8 @@ def compose(assembly, features: Iterable[Feature], enabled: dict[str, bool],
             continue
         opts = options.get(f.name) or (f.options() if f.options is not None else None)
         assembly.feature_options[f.name] = opts
+        if f.boundary_attention:
+            assembly.boundary_attention_ok.add(f.name)
         if f.install is not None:
             f.install(assembly.for_feature(f.name), opts)
     # An options class may say how it is set (``summary() -> str``): shown in the feature table.

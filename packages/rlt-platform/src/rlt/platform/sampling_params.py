@@ -10,6 +10,7 @@ slot table: ``top_k``, ``min_tokens``, stop token ids and logprobs are int64, lo
 fail later while the engine writes it; an out-of-range value raises :class:`InvalidRequestError`
 whose ``param`` names the field. Counts of stop strings and stop token ids are bounded too: each
 is checked on every generated token.
+``init_state_scale`` scales the random initial state of models that have one (Huginn).
 ``speculation`` asks for self-speculation (rlt-spec): drafts of ``num_tokens`` tokens with
 ``draft_loops`` loops; its model-dependent limits are checked by the feature that serves it.
 """
@@ -103,6 +104,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     #: self-speculation for this request (a :class:`Speculation` or a dict of its fields)
     speculation: Speculation | None = attrs.field(default=None, converter=_speculation)
+    #: scale of a random initial state (Huginn; None: the engine's --init-state-scale; 0: the zero
+    #: state). The state is drawn from the request's ``seed``, so it never depends on the batch.
+    init_state_scale: float | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.max_tokens is not None:
@@ -142,6 +146,11 @@ class SamplingParams:
             _int_in("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if self.prompt_logprobs is not None:
             _int_in("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
+        if self.init_state_scale is not None and (
+            not _is_num(self.init_state_scale) or not math.isfinite(self.init_state_scale)
+            or not 0 <= self.init_state_scale <= FLOAT32_MAX
+        ):
+            _fail("init_state_scale", f"must be a finite number >= 0 (0 = the zero state), got {self.init_state_scale!r}")
         if not isinstance(self.include_stop_str_in_output, bool):
             _fail("include_stop_str_in_output", f"must be a boolean, got {self.include_stop_str_in_output!r}")
 

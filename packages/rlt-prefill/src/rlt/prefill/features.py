@@ -117,7 +117,7 @@ FEATURES = [
             description="prompts in chunks within the step budget (prompts up to max_model_len under any budget); "
                         "--chunked-prefill-wavefront for wavefront chunked prefill",
             requires=frozenset({Capability.CHUNKED_PREFILL}), options=ChunkedPrefillOptions,
-            install=install_chunked_prefill, enabled_by_default=True),
+            install=install_chunked_prefill, enabled_by_default=True, boundary_attention=True),
     Feature(name="packed_prefill", package="rlt-prefill",
             description="FlashAttention for prompt rows, the selected backend for decode rows (exact under "
                         "adaptive exit)",
@@ -126,5 +126,5 @@ FEATURES = [
     Feature(name="prefill_uva", package="rlt-prefill",
             description="step metadata staged in one pinned host buffer, read by a Triton kernel through UVA",
             requires=frozenset({Capability.MAPPED_HOST_MEMORY, Capability.TRITON}), options=PrefillUvaOptions,
-            install=install_prefill_uva, enabled_by_default=False),
+            install=install_prefill_uva, enabled_by_default=False, boundary_attention=True),
 ]

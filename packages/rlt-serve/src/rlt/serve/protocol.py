@@ -97,6 +97,8 @@ class SamplingFields(_Body):
     min_loops: int | None = None
     max_loops: int | None = None
     exit_threshold: float | None = None
+    #: rlt extension: scale of a random initial state (Huginn; 0: the zero state, drawn from ``seed``)
+    init_state_scale: float | None = None
     #: rlt extension: self-speculation {num_tokens, draft_loops} (needs rlt-spec's self_spec feature)
     speculation: dict[str, Any] | None = None
     #: rlt/vLLM extension: return generated (and prompt) token ids in each choice
@@ -161,6 +163,7 @@ class SamplingFields(_Body):
             include_stop_str_in_output=self.include_stop_str_in_output,
             min_loops=1 if self.min_loops is None else self.min_loops,
             max_loops=self.max_loops, exit_threshold=self.exit_threshold, speculation=self.speculation,
+            init_state_scale=self.init_state_scale,
         )
         if kwargs["top_k"] == -1:
             kwargs["top_k"] = 0

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import attrs
 
 from rlt.platform.engine.batch import RowBatchBuilder
+from rlt.platform.engine.boundary import BoundaryExecutor
 from rlt.platform.engine.core import SyncStepLoop
 from rlt.platform.engine.executor import EagerExecutor
 from rlt.platform.engine.interfaces import (
@@ -60,7 +61,7 @@ DEFAULT_FACTORIES: dict[str, Factory] = {
     "scheduler": LoopScheduler.from_context,
     "sampler": TokenSampler.from_context,
     "batch_builder": RowBatchBuilder.from_context,
-    "executor": EagerExecutor.from_context,
+    "executor": lambda ctx: (BoundaryExecutor if ctx.model.boundary_attention else EagerExecutor).from_context(ctx),
     "step_loop": lambda ctx: SyncStepLoop(),
 }
 PROTOCOLS = {"uploader": Uploader, "kv_manager": KVManager, "scheduler": SchedulerPolicy, "sampler": Sampler,
@@ -95,6 +96,8 @@ class EngineAssembly:
     http_routers: list[Any] = attrs.field(factory=list)
     notes: list[str] = attrs.field(factory=list)
     observers: list[StepObserver] = attrs.field(factory=list)
+    #: features verified with models that run attention outside the loop (``Feature.boundary_attention``)
+    boundary_attention_ok: set[str] = attrs.field(factory=set)
     _replaced: dict[str, tuple[str, Factory]] = attrs.field(factory=dict)
     _wrappers: dict[str, list[tuple[str, Wrapper]]] = attrs.field(factory=dict)
 
@@ -119,7 +122,20 @@ class EngineAssembly:
         return {c: [self._replaced.get(c, ("base", None))[0], *(by for by, _ in self._wrappers.get(c, ()))]
                 for c in COMPONENTS}
 
+    def _check_model(self, ctx: EngineContext) -> None:
+        """Refuse features whose components were not verified with the model's kind of stages."""
+        if not ctx.model.boundary_attention:
+            return
+        users = {by for by, _ in self._replaced.values()} | {by for ws in self._wrappers.values() for by, _ in ws}
+        refused = sorted(users - self.boundary_attention_ok)
+        if refused:
+            raise CompositionError(
+                f"{ctx.model_type} runs attention in its prelude and coda (boundary KV, per-row injection), which "
+                f"feature(s) {', '.join(refused)} do not support; disable them ("
+                + " ".join(f"--no-{n.replace('_', '-')}" for n in refused) + ")")
+
     def build_parts(self, ctx: EngineContext) -> None:
+        self._check_model(ctx)
         parts = ctx.parts
         parts.slots = SlotTable(ctx.max_num_seqs)
         for name in COMPONENTS:

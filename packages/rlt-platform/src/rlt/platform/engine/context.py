@@ -57,17 +57,26 @@ def build_context(config: EngineConfig, platform: Platform, feature_options: Map
         raise ConfigError(f"max_model_len {max_model_len} exceeds the model's "
                           f"max_position_embeddings {shape.max_position_embeddings}")
     num_loops = config.num_loops or shape.num_loops
+    if model.boundary_attention and config.kv_layout is not KVLayout.LAST_EXITED:
+        raise ConfigError(f"{model_dir}: {family.model_type} is served with the last_exited KV layout only (its "
+                          "eager reference defines per-recurrence KV); drop --kv-layout or set it to last_exited")
     selection = select_attention(platform, config.attention_backend, dtype=dtype, head_dim=shape.head_dim,
                                  **attention_constraints(config))
     attention = build_attention(platform, selection)
     planes = 1 if config.kv_layout is KVLayout.SHARED else num_loops
-    bpb = KVCache.bytes_per_block(num_layers=shape.num_layers, block_size=config.block_size,
+    # Boundary layers (prelude + coda attention, one plane) ride on the core pool's blocks: block b of
+    # the boundary cache belongs to whoever owns block b of the core cache, addressed through the
+    # plane-0 page tables, so one allocator serves both (every core block carries boundary storage).
+    layers = shape.num_layers + shape.num_boundary_layers
+    bpb = KVCache.bytes_per_block(num_layers=layers, block_size=config.block_size,
                                   num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=dtype)
     pages = -(-max_model_len // config.block_size)
     num_blocks = _kv_blocks(config, platform, bpb, config.max_num_seqs * pages * planes)
-    cache = KVCache.allocate(num_layers=shape.num_layers, num_blocks=num_blocks, block_size=config.block_size,
-                             num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, num_planes=planes,
-                             layout=config.kv_layout, dtype=dtype, device=device)
+    kv_kw = dict(num_blocks=num_blocks, block_size=config.block_size, num_kv_heads=shape.num_kv_heads,
+                 head_dim=shape.head_dim, dtype=dtype, device=device)
+    cache = KVCache.allocate(num_layers=shape.num_layers, num_planes=planes, layout=config.kv_layout, **kv_kw)
+    boundary = (KVCache.allocate(num_layers=shape.num_boundary_layers, num_planes=1, layout=KVLayout.SHARED, **kv_kw)
+                if shape.num_boundary_layers else None)
     return EngineContext(
         config=config, platform=platform, device=device, dtype=dtype, model_dir=model_dir, model_type=family.model_type,
         model=model, tokenizer=tokenizer, cache=cache,
@@ -75,6 +84,8 @@ def build_context(config: EngineConfig, platform: Platform, feature_options: Map
                   max_pages=pages),
         attention=attention, selection=selection, uva=decide_uva(platform),
         max_model_len=max_model_len, num_loops=num_loops, max_num_seqs=config.max_num_seqs,
+        default_loops=min(shape.num_loops, num_loops) if model.per_request_depth else num_loops,
+        boundary_cache=boundary,
         max_num_batched_tokens=config.max_num_batched_tokens or max_model_len,
         # Fixed full depth unless asked otherwise (the checkpoint's early_exit_threshold is not a
         # serving default: HF computes every loop regardless, so adopting it would change semantics).

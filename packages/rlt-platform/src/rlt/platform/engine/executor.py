@@ -3,7 +3,8 @@
 ``execute(batch) -> handle``; ``handle.result()`` gives the host-side outcome of the step (which
 rows exited, the tokens sampled, their logprobs). Device state lives here, per slot: the hidden
 state of every one-token row between loops, the hidden states of running multi-token chunks, and
-the exit accumulator (``remaining``) of every row. The attention backend's ``prepare`` runs once
+the exit accumulator (``remaining``) of every row (:func:`gather_row_state` /
+:func:`keep_row_state` move a per-row state in and out of a step). The attention backend's ``prepare`` runs once
 per step, before the first layer. rlt-decode supplies pipelined and graph-replay executors behind
 the same interface.
 """
@@ -37,21 +38,53 @@ def _host(t: torch.Tensor | None) -> np.ndarray | None:
     return None if t is None else t.cpu().numpy()
 
 
-def sample_exited(model, sampler, last: torch.Tensor, exited: np.ndarray, samples: np.ndarray, slots: np.ndarray,
-                  prompt_logprobs=None) -> StepResult:
+def sample_exited(model, sampler, last: torch.Tensor | None, exited: np.ndarray, samples: np.ndarray,
+                  slots: np.ndarray, prompt_logprobs=None, logits: torch.Tensor | None = None) -> StepResult:
     """The step's result: LM head and sampling for the rows (of ``last [R, hidden]``) that exited
-    and produce a token, one token each; host copies of the sampled tokens and logprobs."""
+    and produce a token, one token each; host copies of the sampled tokens and logprobs.
+    ``logits``: the head's output for exactly those rows, already computed (then ``last`` is unused)."""
     rows = np.nonzero(exited & samples)[0]
     num_tokens = np.zeros(len(exited), np.int64)
     extra = {} if prompt_logprobs is None else {"prompt_logprobs": prompt_logprobs}
     if len(rows) == 0:
         return StepResult(exited, num_tokens, np.zeros(0, np.int64), **extra)
     num_tokens[rows] = 1
-    if len(rows) < len(exited):
-        last = last.index_select(0, torch.from_numpy(rows).to(last.device))
-    out = sampler.sample(model.coda(last), slots[rows])
+    if logits is None:
+        if len(rows) < len(exited):
+            last = last.index_select(0, torch.from_numpy(rows).to(last.device))
+        logits = model.coda(last)
+    out = sampler.sample(logits, slots[rows])
     return StepResult(exited, num_tokens, _host(out.token_ids), _host(out.logprobs), _host(out.top_ids),
                       _host(out.top_logprobs), **extra)
+
+
+def gather_row_state(b: StepBatch, depth0: torch.Tensor | None, table: torch.Tensor,
+                     chunks: dict[tuple[int, int], torch.Tensor]) -> torch.Tensor:
+    """A per-token state in batch order: ``depth0`` (the depth-0 rows' tokens, computed by the
+    caller), then the deeper one-token rows from ``table`` by slot, then the deeper chunks (taken
+    out of ``chunks``) — the inverse of :func:`keep_row_state`."""
+    parts = [] if depth0 is None else [depth0]
+    if b.num_single:
+        parts.append(table.index_select(0, b.slots_device[b.num_depth0:b.num_depth0 + b.num_single]))
+    first = b.num_depth0 + b.num_single
+    parts.extend(chunks.pop((int(s), int(p))) for s, p in zip(b.slots[first:], b.row_start[first:]))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def keep_row_state(b: StepBatch, exited: np.ndarray, h: torch.Tensor, last: torch.Tensor, table: torch.Tensor,
+                   chunks: dict[tuple[int, int], torch.Tensor]) -> None:
+    """Keep a per-row state of the rows that loop again: one-token decode rows in ``table`` by slot,
+    prompt chunks of any length in ``chunks`` by (slot, first position) — the batch builder's row
+    groups. ``h``: the state per token, ``last``: per row (its last token)."""
+    single = (b.row_len == 1) & ~b.in_prompt
+    if single.all():
+        table.index_copy_(0, b.slots_device, last)
+    elif single.any():
+        sel = torch.from_numpy(np.nonzero(single)[0]).to(table.device)
+        table.index_copy_(0, b.slots_device[sel], last[sel])
+    for i in np.nonzero(~single & ~exited)[0]:
+        start = int(b.row_token_start[i])
+        chunks[(int(b.slots[i]), int(b.row_start[i]))] = h[start:start + int(b.row_len[i])]
 
 
 class EagerExecutor:
@@ -82,15 +115,8 @@ class EagerExecutor:
             del self.chunk_hidden[key]
 
     def _inputs(self, b: StepBatch) -> torch.Tensor:
-        parts = []
-        if b.num_depth0:
-            parts.append(self.model.prelude(b.embed_token_ids))
-        if b.num_single:
-            parts.append(self.hidden.index_select(0, b.slots_device[b.num_depth0:b.num_depth0 + b.num_single]))
-        first = b.num_depth0 + b.num_single
-        parts.extend(self.chunk_hidden.pop((int(s), int(p)))
-                     for s, p in zip(b.slots[first:], b.row_start[first:]))
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        depth0 = self.model.prelude(b.embed_token_ids) if b.num_depth0 else None
+        return gather_row_state(b, depth0, self.hidden, self.chunk_hidden)
 
     @torch.inference_mode()
     def execute(self, b: StepBatch) -> CompletedStep:
@@ -115,18 +141,7 @@ class EagerExecutor:
         else:
             exited = b.fixed_exit.copy()
 
-        # Keep the state of rows that loop again (one-token decode rows by slot, prompt chunks of
-        # any length by (slot, first position): the batch builder's row groups).
-        single = (b.row_len == 1) & ~b.in_prompt
-        if single.all():
-            self.hidden.index_copy_(0, slots_dev, last)
-        elif single.any():
-            sel = torch.from_numpy(np.nonzero(single)[0]).to(self.device)
-            self.hidden.index_copy_(0, slots_dev[sel], last[sel])
-        for i in np.nonzero(~single & ~exited)[0]:
-            start = int(b.row_token_start[i])
-            self.chunk_hidden[(int(b.slots[i]), int(b.row_start[i]))] = h[start:start + int(b.row_len[i])]
-
+        keep_row_state(b, exited, h, last, self.hidden, self.chunk_hidden)
         plp = prompt_logprobs_for_batch(self.model, h, b.row_token_start, exited, b.prompt_logprobs)
         return CompletedStep(sample_exited(self.model, self.sampler, last, exited, b.samples, b.slots,
                                            prompt_logprobs=plp))

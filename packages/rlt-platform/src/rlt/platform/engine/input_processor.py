@@ -56,7 +56,7 @@ class InputProcessor:
                 f"prompt has {n} tokens, more than max_num_batched_tokens ({ctx.max_num_batched_tokens}) "
                 "that full prefill can run in one step; raise --max-num-batched-tokens or install rlt-prefill "
                 "(chunked prefill)", "prompt")
-        max_loops = params.max_loops if params.max_loops is not None else ctx.num_loops
+        max_loops = params.max_loops if params.max_loops is not None else (ctx.default_loops or ctx.num_loops)
         if max_loops > ctx.num_loops:
             raise InvalidRequestError(f"max_loops {max_loops} exceeds the engine's {ctx.num_loops} loops", "max_loops")
         if params.min_loops > max_loops:
@@ -77,11 +77,17 @@ class InputProcessor:
             raise InvalidRequestError(
                 f"exit_threshold {threshold} asks for adaptive exit, but this engine serves fixed depth "
                 "(--fixed-depth); omit exit_threshold or set it to 1.0", "exit_threshold")
+        init_scale = params.init_state_scale
+        if init_scale is not None and not ctx.model.has_initial_state:
+            raise InvalidRequestError(f"init_state_scale: this model ({ctx.model_type}) has no random initial state; "
+                                      "leave init_state_scale unset", "init_state_scale")
         stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         req = Request(
             request_id=request_id, prompt_token_ids=ids, params=params, max_tokens=max_tokens,
             max_loops=max_loops, min_loops=params.min_loops, exit_threshold=float(threshold),
             stop_token_ids=stops, arrival_index=-1,
+            init_state_scale=float(ctx.config.init_state_scale if init_scale is None else init_scale)
+            if ctx.model.has_initial_state else 0.0,
         )
         if not self.kv.can_ever_fit(req):
             need = self.kv.blocks_for(req.max_positions, max_loops)

@@ -181,6 +181,13 @@ class EngineContext:
     eos_token_ids: frozenset[int]
     #: options of the enabled features, by feature name
     feature_options: Mapping[str, Any] = attrs.field(factory=dict)
+    #: loops of a request that gives no max_loops (``num_loops``, or the model's own count for a
+    #: model with per-request depth: Huginn's mean_recurrence); None: ``num_loops``
+    default_loops: int | None = None
+    #: single-plane KV of the attention layers outside the loop (Huginn's prelude and coda blocks),
+    #: block b paired with block b of ``cache`` (addressed through the plane-0 page tables); None
+    #: for models without boundary attention
+    boundary_cache: "KVCache | None" = None
     parts: Parts = attrs.field(factory=Parts)
 
     @property

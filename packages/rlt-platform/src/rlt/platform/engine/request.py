@@ -37,6 +37,8 @@ class Request:
     arrival_index: int
     #: sampling seed (the request's own, or drawn from the engine's RNG when it gave none)
     seed: int = 0
+    #: scale of the random initial state (models with one, Huginn; drawn from ``seed``); 0: zero state
+    init_state_scale: float = 0.0
     arrival_time: float = attrs.field(factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
     slot: int = -1

@@ -23,6 +23,13 @@ Optional class attributes a model sets (the engine reads them with these default
   separate single-plane KV cache of ``shape.num_boundary_layers`` layers, and ``recurrent`` needs
   the per-row injection. The extended stage signatures are documented in
   :mod:`rlt.platform.models.huginn`; models without boundary attention accept and ignore them.
+  The engine serves such a model with :class:`rlt.platform.engine.boundary.BoundaryExecutor`.
+* ``per_request_depth`` (False): the loop count is a per-request choice (``max_loops``) with the
+  checkpoint's ``shape.num_loops`` as the default and the engine's ``--num-loops`` as the bound
+  (Huginn); otherwise requests default to the engine's ``--num-loops``.
+* ``has_initial_state`` (False): the recurrence starts from ``initial_state(seeds, positions,
+  scales)`` (a seeded random state; scale 0 is the zero state); requests may set
+  ``init_state_scale``, which is refused for other models.
 """
 
 from __future__ import annotations
@@ -61,6 +68,8 @@ class LoopedModel(nn.Module, abc.ABC):
     shape: ModelShape
     has_exit_gate: bool = True
     boundary_attention: bool = False
+    per_request_depth: bool = False
+    has_initial_state: bool = False
     #: One of the model's weights (the embedding): ``dtype`` and ``device`` are read from it.
     anchor: torch.Tensor
 

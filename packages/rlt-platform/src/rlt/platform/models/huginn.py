@@ -22,7 +22,8 @@ Checkpoints hold fp32 weights (cast to the serving dtype at load), may carry ``l
 (tied: ignored, the embedding is the head) and ``freqs_cis`` (ignored: the table is recomputed in
 fp32), and ship ``.py`` files that rlt never runs.
 
-Executor contract (what an engine must do to serve Huginn; the stages below are the whole model)
+Executor contract (what an engine must do to serve Huginn; the stages below are the whole model;
+:class:`rlt.platform.engine.boundary.BoundaryExecutor` implements it)
 --------------------------------------------------------------------------------------------------
 Two KV caches, both addressed through the usual :class:`AttentionMetadata`:
 
@@ -227,6 +228,8 @@ class HuginnModel(LoopedModel):
 
     has_exit_gate = False
     boundary_attention = True
+    per_request_depth = True
+    has_initial_state = True
 
     def __init__(self, cfg: HuginnConfig, weights: dict[str, torch.Tensor]) -> None:
         super().__init__()
@@ -336,7 +339,4 @@ HUGINN = ModelFamily(
     default_stop_token_ids=(65505, 65508),  # <|end_text|>, <|end_turn|> (models.md §2.6)
     stop_tokens=("<|end_text|>", "<|end_turn|>"),
     optional_weights=huginn_optional_weights,
-    engine_unsupported=("Huginn needs engine support for prelude/coda attention (a boundary KV cache), the "
-                        "per-row injection and a per-request seeded initial state, which the engine does not "
-                        "have yet; serve an Ouro or Nanbeige checkpoint"),
 )
