@@ -116,3 +116,32 @@ def test_refusals(tiny_checkpoint):
     assembly.wrap("executor", lambda ctx, inner: inner, by="static_buffers")
     with pytest.raises(CompositionError, match=r"do not support; disable them \(--no-static-buffers\)"):
         assembly.build_engine(EngineConfig(model=str(path), dtype="float32"))
+
+
+def test_default_features_are_off_for_huginn_and_explicit_ones_refused(tiny_checkpoint):
+    """A feature not verified with prelude/coda attention is off by default for Huginn (the table
+    says why), so serving Huginn needs no flags; asking for it explicitly is refused with the reason.
+    (The feature's wrapper is harmless, so only the composition rule can refuse it.)"""
+    from rlt.platform.composition import build_engine, plan_composition
+    from rlt.platform.features import Feature
+
+    def install(builder, options):
+        builder.wrap("executor", lambda ctx, inner: inner)
+
+    probe = Feature(name="probe_wrap", package="tests", description="wraps the executor", requires=frozenset(),
+                    install=install, enabled_by_default=True)
+    path = str(tiny_checkpoint(family="huginn_raven", seed=1))
+    cpu = detect_platform("cpu")
+    row = {st.name: st for st in plan_composition(cpu, [probe], model=path).table}["probe_wrap"]
+    assert not row.enabled and "off for huginn_raven" in row.reason
+    ouro_row = {st.name: st for st in plan_composition(cpu, [probe], model=str(tiny_checkpoint())).table}
+    assert ouro_row["probe_wrap"].enabled
+    engine = build_engine(EngineConfig(model=path, dtype="float32"), platform=cpu, features=[probe])
+    engine.add_request("h", [5, 6, 7], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    assert outs[-1].finished and len(outs[-1].token_ids) == 3
+    with pytest.raises(CompositionError, match="probe_wrap do not support"):
+        build_engine(EngineConfig(model=path, dtype="float32"), platform=cpu, features=[probe],
+                     enabled={"probe_wrap": True})

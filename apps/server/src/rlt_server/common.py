@@ -73,7 +73,8 @@ def _given_flags(feature: Feature, args: argparse.Namespace) -> list[str]:
 
 def plan(args: argparse.Namespace, extra_features: Iterable[Feature] = ()) -> CompositionPlan:
     """Detect the platform, refuse flags of unavailable features, install the available ones."""
-    platform = detect_platform(engine_config(args).device)
+    config = engine_config(args)
+    platform = detect_platform(config.device)
     features = sorted([*getattr(args, "installed_features", ()), *extra_features], key=lambda f: f.name)
     enabled, options = options_from_args(features, args)
     for st, f in zip(feature_statuses(platform, features, enabled), features):
@@ -81,7 +82,7 @@ def plan(args: argparse.Namespace, extra_features: Iterable[Feature] = ()) -> Co
             given = _given_flags(f, args)
             if given:
                 die(f"{given[0]}: feature {f.name} is installed but not available on this platform ({st.reason})")
-    return plan_composition(platform, features, enabled=enabled, options=options)
+    return plan_composition(platform, features, enabled=enabled, options=options, model=config.model)
 
 
 def die(message: str) -> NoReturn:

@@ -37,18 +37,36 @@ class CompositionPlan:
         return engine
 
 
+def boundary_model_type(model: str | None) -> str | None:
+    """The ``model_type`` of the checkpoint ``model`` if its model runs attention outside its loop
+    (Huginn's prelude and coda), else None. An unreadable checkpoint gives None here: the engine
+    build reports it with its own error."""
+    from rlt.platform.checkpoint.demo import resolve_model
+    from rlt.platform.checkpoint.loader import read_config
+    from rlt.platform.errors import RltError
+
+    try:
+        _, _, family, _ = read_config(resolve_model(model))
+    except (RltError, OSError, ValueError):
+        return None
+    return family.model_type if getattr(family.build_runtime, "boundary_attention", False) else None
+
+
 def plan_composition(platform: Platform, features: Iterable[Feature] | None = None, *,
                      enabled: Mapping[str, bool] | None = None, options: Mapping[str, Any] | None = None,
-                     extra_features: Iterable[Feature] = ()) -> CompositionPlan:
+                     extra_features: Iterable[Feature] = (), model: str | None = None) -> CompositionPlan:
     """Install the available, enabled features into a fresh assembly for ``platform``.
 
     ``features`` defaults to what is installed (entry points); ``enabled`` overrides each
-    feature's default switch; ``options`` holds option values by feature name.
+    feature's default switch; ``options`` holds option values by feature name. ``model`` (the
+    checkpoint to serve, when known): features not verified with its kind of model are off by
+    default for it, with the reason in the table (:func:`boundary_model_type`).
     """
     found = list(discover_features() if features is None else features)
     found = sorted([*found, *extra_features], key=lambda f: f.name)
     assembly = EngineAssembly(platform)
-    statuses = compose(assembly, found, dict(enabled or {}), dict(options or {}))
+    statuses = compose(assembly, found, dict(enabled or {}), dict(options or {}),
+                       boundary_model_type(model) if model is not None else None)
     installed = {f.name for f in found}
     absent = [FeatureStatus(name, package, False, False, False, f"not installed (pip install {package})")
               for name, package in sorted(KNOWN_FEATURE_PACKAGES.items()) if name not in installed]
@@ -60,7 +78,8 @@ def build_engine(config: EngineConfig, *, platform: Platform | None = None, feat
                  extra_features: Iterable[Feature] = ()):
     """The engine with the installed features composed for the platform (``engine.features``)."""
     platform = platform or detect_platform(config.device)
-    plan = plan_composition(platform, features, enabled=enabled, options=options, extra_features=extra_features)
+    plan = plan_composition(platform, features, enabled=enabled, options=options, extra_features=extra_features,
+                            model=config.model)
     return plan.build_engine(config)
 
 

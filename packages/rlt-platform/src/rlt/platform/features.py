@@ -39,9 +39,9 @@ class Feature:
     #: install(builder, options) applies the feature (builder: an assembly FeatureInstaller).
     install: Callable[[Any, Any], None] | None = None
     enabled_by_default: bool = True
-    #: its components were verified with models whose prelude and coda run attention (Huginn); an
-    #: engine for such a model refuses, at composition, every other feature that wraps or replaces a
-    #: component (naming the flags that disable them)
+    #: its components were verified with models whose prelude and coda run attention (Huginn); for
+    #: such a model every other feature is off by default (the table says why), and one asked for
+    #: explicitly that wraps or replaces a component is refused at composition, naming its flag
     boundary_attention: bool = False
     #: non-empty: the feature is registered but cannot run on any platform yet (it is listed as not
     #: available with this reason, and its flags are refused with it)
@@ -80,7 +80,11 @@ def discover_features(entry_points: Iterable | None = None) -> list[Feature]:
     return sorted(found, key=lambda f: f.name)
 
 
-def feature_statuses(platform: Platform, features: Iterable[Feature], enabled: dict[str, bool]) -> list[FeatureStatus]:
+def feature_statuses(platform: Platform, features: Iterable[Feature], enabled: dict[str, bool],
+                     boundary_model: str | None = None) -> list[FeatureStatus]:
+    """Each feature's row of the feature table. ``boundary_model``: the ``model_type`` of a model
+    with attention outside its loop (Huginn); features not verified with it are off by default
+    there (asked for explicitly, the assembly refuses them with the reason)."""
     rows = []
     for f in features:
         missing = f.missing(platform)
@@ -90,6 +94,10 @@ def feature_statuses(platform: Platform, features: Iterable[Feature], enabled: d
         if missing:
             rows.append(FeatureStatus(f.name, f.package, True, False, False,
                                       f"{platform.name} lacks {', '.join(sorted(c.value for c in missing))}"))
+            continue
+        if boundary_model and not f.boundary_attention and f.name not in enabled:
+            rows.append(FeatureStatus(f.name, f.package, True, True, False,
+                                      f"off for {boundary_model}: not verified with prelude/coda attention"))
             continue
         on = enabled.get(f.name, f.enabled_by_default)
         rows.append(FeatureStatus(f.name, f.package, True, True, on, "enabled" if on else "disabled by option"))
@@ -153,10 +161,10 @@ def options_from_args(features: Iterable[Feature], args: argparse.Namespace) -> 
 
 
 def compose(assembly, features: Iterable[Feature], enabled: dict[str, bool],
-            options: dict[str, Any]) -> list[FeatureStatus]:
+            options: dict[str, Any], boundary_model: str | None = None) -> list[FeatureStatus]:
     """Install every available, enabled feature into ``assembly`` (by name order); return the table."""
     features = list(features)
-    statuses = feature_statuses(assembly.platform, features, enabled)
+    statuses = feature_statuses(assembly.platform, features, enabled, boundary_model)
     by_name = {f.name: f for f in features}
     for st in statuses:
         f = by_name[st.name]
