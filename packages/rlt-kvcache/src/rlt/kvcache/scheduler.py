@@ -386,7 +386,7 @@ class KVCacheScheduler:
             if not exited:
                 nxt = row.deeper()
             elif produced:
-                pos = req.num_prompt + len(req.output_token_ids) - 1
+                pos = req.num_prompt + req.num_produced - 1
                 nxt = Row(req, row.slot, pos, 1, 0, samples=True, in_prompt=False)
             elif req in self._resume_at:
                 target = self._resume_at[req]

@@ -163,7 +163,7 @@ class LoopScheduler:
             if not exited:
                 nxt = row.deeper()
             elif produced:
-                pos = req.num_prompt + len(req.output_token_ids) - 1
+                pos = req.num_prompt + req.num_produced - 1
                 nxt = Row(req, row.slot, pos, 1, 0, samples=True, in_prompt=False)
             else:  # a prompt chunk that does not end the prompt: the next one
                 nxt = self._prompt_row(req, row.slot, row.end)
