@@ -1,6 +1,7 @@
 """rlt-decode on a GPU: decode steps replayed as CUDA graphs are token-identical to the base
 eager engine (fp32 greedy, Triton attention), across row buckets with padding, adaptive exit and
-mid-decode arrivals; bf16 agreement reported. Features are composed explicitly from
+mid-decode arrivals, with the token-level pipeline on (the default where async execution is
+declared); bf16 agreement reported. Features are composed explicitly from
 ``rlt.decode.feature`` (no install needed on the device)."""
 
 from __future__ import annotations
