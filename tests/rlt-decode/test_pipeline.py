@@ -73,11 +73,11 @@ def test_feature_table_and_describe(tiny_checkpoint):
 
 def test_needs_static_buffers_and_a_valid_depth(tiny_checkpoint):
     from rlt.decode.feature import PipelineOptions
-    from rlt.platform.engine.assembly import CompositionError
+    from rlt.platform.engine.core import SyncStepLoop
 
     config = EngineConfig(model=str(tiny_checkpoint(seed=1)), dtype="float32")
-    with pytest.raises(CompositionError, match="pipeline needs the static_buffers"):
-        build_engine(config, enabled={"static_buffers": False, "graphs": False, "pipeline": True})
+    engine = build_engine(config, enabled={"static_buffers": False, "graphs": False, "pipeline": True})
+    assert type(engine.ctx.parts.step_loop) is SyncStepLoop  # nothing to pipeline: the base loop stays
     with pytest.raises(ValueError, match="pipeline-depth"):
         PipelineOptions(depth=-1)
 

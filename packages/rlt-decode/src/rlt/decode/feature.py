@@ -8,15 +8,19 @@ platform without graph capture (CPU, Ascend) ``graphs`` is absent with the reaso
 steps of ``static_buffers`` run eagerly from the same buffers (the logic CI tests).
 ``pipeline`` (platforms declaring async execution: CPU, CUDA, ROCm) replaces the step loop with
 :class:`rlt.decode.pipeline.PipelinedStepLoop` and marks decode steps with host-known exits as
-lagged; it needs ``static_buffers``. On CPU the device is synchronous, but the same lagged logic
+lagged; it needs ``static_buffers`` (without it the base synchronous step loop stays, with a
+warning). On CPU the device is synchronous, but the same lagged logic
 runs (tokens are read ``depth`` steps late), which is what CI tests.
 """
 
 from __future__ import annotations
 
+import logging
+
 import attrs
 
 from rlt.platform.engine.assembly import CompositionError
+from rlt.platform.engine.core import SyncStepLoop
 from rlt.platform.features import Feature
 from rlt.platform.platforms import Capability
 
@@ -110,9 +114,9 @@ def _install_pipeline(builder, options: PipelineOptions) -> None:
     from rlt.decode.pipeline import PipelinedStepLoop
 
     def step_loop(ctx):
-        if "static_buffers" not in ctx.feature_options:
-            raise CompositionError("pipeline needs the static_buffers feature; drop --no-static-buffers or add "
-                                   "--no-pipeline")
+        if "static_buffers" not in ctx.feature_options:  # on by default: not an error, nothing to pipeline
+            log.warning("pipeline needs the static_buffers feature, which is off: steps run synchronously")
+            return SyncStepLoop()
         executor = ctx.parts.executor
         drain = ("preemption is on (a preempted request is rebuilt from recorded tokens)"
                  if "preemption" in ctx.feature_options else "")
@@ -121,6 +125,8 @@ def _install_pipeline(builder, options: PipelineOptions) -> None:
 
     builder.replace("step_loop", step_loop)
 
+
+log = logging.getLogger("rlt.decode")
 
 FEATURES = [
     Feature(name="static_buffers", package="rlt-decode",
