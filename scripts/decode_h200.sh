@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rlt-decode on the H200 in one device call: the GPU tests of the decode path (graph replay vs
 # eager, fp32 token identity; bf16 agreement) and the engine GPU tests, then the offline harness
-# for the base engine and for the engine with rlt-decode's features (static_buffers + graphs),
+# for the base engine and for the engine with rlt-decode's features (static_buffers + graphs +
+# pipeline, all on by default on CUDA),
 # back to back in one lease (Ouro-1.4B shapes, random weights, bf16, Triton, 1K-token prompts):
 #
 #   OUT=benchmarks/results/<dir> bash scripts/decode_h200.sh

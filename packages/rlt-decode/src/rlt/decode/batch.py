@@ -9,6 +9,10 @@ All per-row fields go to the device in one copy from a pinned bank (a ring of tw
 after the event behind its last copy completed); page tables are mirrored on the device per slot
 and re-sent only for slots whose pages changed. Any other step is built by the inner builder.
 
+With the pipeline on, a depth-0 row whose input token is still in flight takes it from the
+executor's device token buffer (``from_device``), and a step whose exits are all known on the
+host is marked ``lagged``.
+
 Owns: the host banks, the device field buffers, the device page-table mirror. Must not: read
 device memory (no host sync) or keep references to rows after ``build`` returns the batch.
 """
@@ -26,7 +30,9 @@ from rlt.platform.engine.exit_policy import row_thresholds
 from rlt.platform.engine.interfaces import Row, Wrapped
 
 #: int64 fields (rows of the int64 block) and int32 fields (rows of the int32 block; threshold as fp32 bits)
-I64 = ("token", "slot", "position", "slot_mapping", "plane0")
+#: ``from_device``: 1 where the row's input token is still on the device (sampled by a step whose
+#: tokens the host has not read yet): the step gathers it from the resident per-slot token buffer
+I64 = ("token", "from_device", "slot", "position", "slot_mapping", "plane0")
 I32 = ("seq_len", "depth", "loop", "min_loops", "max_loops", "threshold")
 
 
@@ -55,6 +61,7 @@ class DecodeFields:
     """Device views of one bucket's rows (``[B]`` each)."""
 
     token: torch.Tensor
+    from_device: torch.Tensor
     slot: torch.Tensor
     position: torch.Tensor
     slot_mapping: torch.Tensor
@@ -76,6 +83,9 @@ class DecodeBatch:
     fixed_exit: np.ndarray  # [R] rows at their max_loops
     adaptive: np.ndarray  # [R] rows that consult the gate
     samples: np.ndarray  # [R] (all True: decode rows produce a token when they exit)
+    #: the step's exits are known on the host (no row can exit on the gate this loop) and the
+    #: pipeline is on: the executor leaves its tokens on the device and reads them with a lag
+    lagged: bool = False
     prompt_logprobs: dict = attrs.field(factory=dict)  # never any: no prompt rows here
 
     @property
@@ -120,8 +130,7 @@ class StaticDecodeBuffers:
         if changed.any():
             dirty = np.unique(slots[changed])
             self._shadow[dirty] = host_tables[dirty]
-            idx = torch.from_numpy(dirty).to(self.device)
-            self.tables.index_copy_(0, idx, torch.from_numpy(host_tables[dirty]).to(self.device))
+            self.tables.index_copy_(0, to_device(dirty, self.device), to_device(host_tables[dirty], self.device))
 
     def upload(self, i64: np.ndarray, i32: np.ndarray) -> None:
         """Copy ``i64 [len(I64), B]`` and ``i32 [len(I32), B]`` into the device buffers (one copy)."""
@@ -144,12 +153,36 @@ class StaticDecodeBuffers:
         self._flip ^= 1
 
 
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device`` without a host wait: through (cached) pinned memory and a
+    non-blocking copy on CUDA-like devices (the caching host allocator keeps the pinned block
+    until the copy has run); a plain copy elsewhere."""
+    host = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
+def decode_only(rows: Sequence[Row], max_rows: int) -> bool:
+    """Whether a step of ``rows`` is built as a :class:`DecodeBatch` (plain one-position decode
+    rows only: prompt chunks and rows of other features, a Row subclass, go to the inner builder)."""
+    return 0 < len(rows) <= max_rows and not any(r.in_prompt or type(r) is not Row for r in rows)
+
+
+def exits_known(loop: np.ndarray, min_loops: np.ndarray, max_loops: np.ndarray, adaptive: np.ndarray) -> np.ndarray:
+    """Per row: whether its exit this loop is known without the gate (it does not consult it, it
+    is below min_loops, or it is at max_loops)."""
+    return ~adaptive | (loop < min_loops) | (loop >= max_loops)
+
+
 class StaticBatchBuilder(Wrapped):
     """Decode-only steps into :class:`StaticDecodeBuffers`; every other step by ``inner``."""
 
     def __init__(self, inner, *, kv, slots, layout: KVLayout, device: torch.device, max_num_seqs: int,
-                 max_model_len: int, row_buckets: Sequence[int] | None = None) -> None:
+                 max_model_len: int, row_buckets: Sequence[int] | None = None, pipelined: bool = False) -> None:
         super().__init__(inner)
+        #: decode steps whose exits are host-known are lagged (the pipeline feature sets it)
+        self.pipelined = pipelined
         self.kv = kv
         self.slots = slots
         self.layout = layout
@@ -165,14 +198,18 @@ class StaticBatchBuilder(Wrapped):
     def build(self, rows: Sequence[Row]):
         # only plain decode rows: prompt chunks, and rows of other features (a Row subclass, e.g.
         # speculative drafts) go to the inner builder
-        if not rows or len(rows) > self.row_buckets[-1] or any(r.in_prompt or type(r) is not Row for r in rows):
+        if not decode_only(rows, self.row_buckets[-1]):
             return self.inner.build(rows)
         n = len(rows)
         bucket = self.bucket_for(n)
         slots = np.fromiter((r.slot for r in rows), np.int64, n)
         pos = np.fromiter((r.start for r in rows), np.int64, n)
         depth = np.fromiter((r.depth for r in rows), np.int64, n)
-        token = np.fromiter((r.request.output_token_ids[-1] if r.depth == 0 else 0 for r in rows), np.int64, n)
+        # depth-0 rows embed the token sampled last: the host's copy, or (while the step that
+        # sampled it is in flight) the device's token buffer
+        from_device = np.fromiter((r.depth == 0 and r.request.num_pending > 0 for r in rows), np.int64, n)
+        token = np.fromiter((r.request.output_token_ids[-1] if r.depth == 0 and not r.request.num_pending else 0
+                             for r in rows), np.int64, n)
         bs = self.kv.block_size
         tables = self.kv.block_tables
         plane = np.zeros_like(depth) if self.layout is KVLayout.SHARED else depth
@@ -183,13 +220,15 @@ class StaticBatchBuilder(Wrapped):
         adaptive = t.adaptive[slots]
         loop = depth + 1
         max_loops = t.max_loops[slots].astype(np.int64)
+        min_loops = t.min_loops[slots].astype(np.int64)
         threshold = row_thresholds(t.threshold[slots], adaptive).view(np.int32)
         pad = np.concatenate([np.arange(n), np.zeros(bucket - n, np.int64)])  # padded rows repeat row 0
-        i64 = np.stack([token, slots, pos, slot_mapping, plane0])[:, pad]
-        i32 = np.stack([pos + 1, depth, loop, t.min_loops[slots].astype(np.int64), max_loops,
+        i64 = np.stack([token, from_device, slots, pos, slot_mapping, plane0])[:, pad]
+        i32 = np.stack([pos + 1, depth, loop, min_loops, max_loops,
                         threshold.astype(np.int64)]).astype(np.int64)[:, pad].astype(np.int32)
         self.buffers.sync_tables(tables, slots)
         self.buffers.upload(i64, i32)
         context = context_bucket(int(pos.max()) + 1, self.max_model_len)
         return DecodeBatch(rows=tuple(rows), slots=slots, bucket=bucket, context=context,
-                           fixed_exit=loop >= max_loops, adaptive=adaptive, samples=np.ones(n, bool))
+                           fixed_exit=loop >= max_loops, adaptive=adaptive, samples=np.ones(n, bool),
+                           lagged=self.pipelined and bool(exits_known(loop, min_loops, max_loops, adaptive).all()))

@@ -8,6 +8,12 @@ new shape runs it eagerly (which also compiles the kernels) and then captures it
 never runs a step twice. The LM head and sampling of exiting rows follow eagerly (their row count
 varies); the host reads the exit mask only when a row consults the gate.
 
+Every sampled token also lands in the resident per-slot token buffer (``tokens``); a depth-0 row
+whose token the host has not read yet embeds from it (inside the graph). A *lagged* batch
+(the pipeline on, every exit known on the host) returns a :class:`rlt.decode.readback.LaggedStep`:
+its tokens are copied into a pinned ring entry without a host wait and read when the step loop
+consumes the step. Host syncs per step and in-flight depth are counted in ``describe()["pipeline"]``.
+
 The per-slot device state (hidden states, exit accumulators) is the inner executor's: a row may
 run one loop in an eager step (mixed with prefill) and the next from the static buffers. Every
 other batch goes to the inner executor. Capture time, graph memory, replays and eager fallbacks
@@ -20,20 +26,22 @@ import logging
 import time
 from collections import Counter
 
+import numpy as np
 import torch
 
 from rlt.attention import AttentionMetadata, KVLayout
-from rlt.decode.batch import DecodeBatch
+from rlt.decode.batch import DecodeBatch, to_device
+from rlt.decode.readback import LaggedStep, PipelineStats, PinnedRing
 from rlt.platform.engine.executor import CompletedStep, sample_exited
 from rlt.platform.engine.exit_policy import OuroGateExit
-from rlt.platform.engine.interfaces import Wrapped
+from rlt.platform.engine.interfaces import StepResult, Wrapped
 
 log = logging.getLogger("rlt.decode")
 
 
 class StaticDecodeExecutor(Wrapped):
     def __init__(self, inner, *, ctx, buffers, row_buckets, use_graphs: bool, max_graphs: int = 64,
-                 graph_memory_mib: float | None = None, graphs_off_reason: str = "") -> None:
+                 graph_memory_mib: float | None = None, graphs_off_reason: str = "", ring_size: int = 4) -> None:
         super().__init__(inner)
         if not hasattr(inner, "hidden") or not hasattr(inner, "remaining"):
             raise TypeError("static_buffers wraps an executor that keeps per-slot `hidden` and `remaining` "
@@ -57,6 +65,11 @@ class StaticDecodeExecutor(Wrapped):
         self.graphs_off_reason = "" if use_graphs else (graphs_off_reason or "graphs off")
         self.capture_seconds = 0.0
         self.graph_bytes = 0
+        #: the resident per-slot token buffer: every token a decode step samples lands here, and
+        #: depth-0 rows whose token is still in flight embed from it (inside the captured graph)
+        self.tokens = torch.zeros(ctx.max_num_seqs, dtype=torch.int64, device=self.device)
+        self.ring = PinnedRing(ring_size, buffers.max_rows, self.device)
+        self.pipeline = PipelineStats()
 
     @property
     def exit_latency(self) -> int:
@@ -76,7 +89,8 @@ class StaticDecodeExecutor(Wrapped):
             self.kv.stamp_depth(f.plane0, f.depth)
         meta = self.attention.prepare(self.kv, meta)
         hidden, remaining = self.inner.hidden, self.inner.remaining
-        x = torch.where((f.depth == 0)[:, None], self.model.prelude(f.token), hidden.index_select(0, f.slot))
+        token = torch.where(f.from_device != 0, self.tokens.index_select(0, f.slot), f.token)
+        x = torch.where((f.depth == 0)[:, None], self.model.prelude(token), hidden.index_select(0, f.slot))
         h = self.model.recurrent(x, self.model.rotary(f.position), self.kv, self.attention, meta)
         hidden.index_copy_(0, f.slot, h)
         carried = torch.where(f.loop == 1, 1.0, remaining.index_select(0, f.slot))
@@ -128,11 +142,40 @@ class StaticDecodeExecutor(Wrapped):
     def execute(self, batch):
         if not isinstance(batch, DecodeBatch):
             self.stats["eager_other_steps"] += 1
-            return self.inner.execute(batch)
+            handle = self.inner.execute(batch)
+            if handle.done():  # the base executor read its exits and tokens back inside execute
+                result = handle.result()
+                self.pipeline.sync_step(int(bool(batch.adaptive.any())) + int(bool(result.num_tokens.any())))
+            return handle
         n = batch.num_rows
         h, exited_dev = self._run(batch)
-        exited = exited_dev[:n].cpu().numpy() if batch.adaptive.any() else batch.fixed_exit.copy()
-        return CompletedStep(sample_exited(self.model, self.sampler, h[:n], exited, batch.samples, batch.slots))
+        if batch.lagged:
+            return self._lagged_tail(batch, h)
+        gate = bool(batch.adaptive.any())
+        exited = exited_dev[:n].cpu().numpy() if gate else batch.fixed_exit.copy()
+        result = sample_exited(self.model, self.sampler, h[:n], exited, batch.samples, batch.slots)
+        if len(result.token_ids):
+            self.tokens.index_copy_(0, to_device(batch.slots[result.num_tokens > 0], self.device),
+                                    to_device(result.token_ids, self.device))
+        self.pipeline.sync_step(int(gate) + int(bool(len(result.token_ids))))
+        return CompletedStep(result)
+
+    def _lagged_tail(self, batch: DecodeBatch, h: torch.Tensor) -> LaggedStep:
+        """LM head and sampling of the rows that exit (known on the host); the tokens go into the
+        device token buffer and, by a non-blocking copy, into a pinned ring entry: nothing waits."""
+        exited = batch.fixed_exit.copy()
+        rows = np.nonzero(exited & batch.samples)[0]
+        num_tokens = np.zeros(batch.num_rows, np.int64)
+        num_tokens[rows] = 1
+        shape = StepResult(exited, num_tokens, np.zeros(0, np.int64))
+        self.pipeline.lagged_step()
+        if len(rows) == 0:
+            return LaggedStep(shape, None, self.pipeline)
+        slots = batch.slots[rows]
+        last = h.index_select(0, to_device(rows, self.device))
+        out = self.sampler.sample(self.model.coda(last), slots)
+        self.tokens.index_copy_(0, to_device(slots, self.device), out.token_ids)
+        return LaggedStep(shape, self.ring.put(out), self.pipeline)
 
     def describe(self) -> dict:
         return {
@@ -140,4 +183,5 @@ class StaticDecodeExecutor(Wrapped):
             "graph_buckets": sorted(self._graphs), "capture_seconds": round(self.capture_seconds, 3),
             "graph_memory_mib": round(self.graph_bytes / 2**20, 1), "row_buckets": list(self.row_buckets),
             "steps": dict(self.stats), "eager_fallbacks": dict(self.fallbacks),
+            "pipeline": self.pipeline.describe(),
         }

@@ -1,4 +1,4 @@
-"""The features rlt-decode registers: ``static_buffers`` and ``graphs``.
+"""The features rlt-decode registers: ``static_buffers``, ``graphs`` and ``pipeline``.
 
 ``static_buffers`` (any platform) wraps the batch builder and the executor so that decode-only
 steps run from static, bucketed buffers (:mod:`rlt.decode.batch`, :mod:`rlt.decode.executor`).
@@ -6,13 +6,21 @@ steps run from static, bucketed buffers (:mod:`rlt.decode.batch`, :mod:`rlt.deco
 those steps; it needs ``static_buffers`` and says so at composition if that one is off. On a
 platform without graph capture (CPU, Ascend) ``graphs`` is absent with the reason and decode
 steps of ``static_buffers`` run eagerly from the same buffers (the logic CI tests).
+``pipeline`` (platforms declaring async execution: CPU, CUDA, ROCm) replaces the step loop with
+:class:`rlt.decode.pipeline.PipelinedStepLoop` and marks decode steps with host-known exits as
+lagged; it needs ``static_buffers`` (without it the base synchronous step loop stays, with a
+warning). On CPU the device is synchronous, but the same lagged logic
+runs (tokens are read ``depth`` steps late), which is what CI tests.
 """
 
 from __future__ import annotations
 
+import logging
+
 import attrs
 
 from rlt.platform.engine.assembly import CompositionError
+from rlt.platform.engine.core import SyncStepLoop
 from rlt.platform.features import Feature
 from rlt.platform.platforms import Capability
 
@@ -43,6 +51,18 @@ class GraphOptions:
         "help": "graph memory budget in MiB; past it new shapes run eagerly (default 4096)"})
 
 
+@attrs.frozen
+class PipelineOptions:
+    depth: int = attrs.field(default=2, metadata={
+        "help": "decode steps kept in flight before the oldest one's tokens are read (default 2; 0: read "
+                "each step's tokens right after launching the next one is planned)"})
+
+    @depth.validator
+    def _check(self, attribute, value) -> None:
+        if not isinstance(value, int) or value < 0 or value > 8:
+            raise ValueError(f"--pipeline-depth: expected an integer in 0..8, got {value!r}")
+
+
 def _install_static(builder, options: StaticBufferOptions) -> None:
     from rlt.decode.batch import StaticBatchBuilder
     from rlt.decode.executor import StaticDecodeExecutor
@@ -52,7 +72,8 @@ def _install_static(builder, options: StaticBufferOptions) -> None:
     def batch_builder(ctx, inner):
         state["builder"] = StaticBatchBuilder(
             inner, kv=ctx.parts.kv_manager, slots=ctx.parts.slots, layout=ctx.kv.layout, device=ctx.device,
-            max_num_seqs=ctx.max_num_seqs, max_model_len=ctx.max_model_len, row_buckets=options.row_buckets)
+            max_num_seqs=ctx.max_num_seqs, max_model_len=ctx.max_model_len, row_buckets=options.row_buckets,
+            pipelined="pipeline" in ctx.feature_options)
         return state["builder"]
 
     def executor(ctx, inner):
@@ -68,7 +89,7 @@ def _install_static(builder, options: StaticBufferOptions) -> None:
         return StaticDecodeExecutor(
             inner, ctx=ctx, buffers=b.buffers, row_buckets=b.row_buckets, use_graphs=not reason,
             max_graphs=graphs.max_graphs if graphs else 0, graph_memory_mib=graphs.memory_mib if graphs else None,
-            graphs_off_reason=reason)
+            graphs_off_reason=reason, ring_size=_ring_size(ctx))
 
     builder.wrap("batch_builder", batch_builder)
     builder.wrap("executor", executor)
@@ -84,6 +105,29 @@ def _install_graphs(builder, options: GraphOptions) -> None:
     builder.wrap("executor", check)
 
 
+def _ring_size(ctx) -> int:
+    pipeline = ctx.feature_options.get("pipeline")
+    return 2 + (pipeline.depth if pipeline is not None else 0)  # entries live at once: depth + the one launching
+
+
+def _install_pipeline(builder, options: PipelineOptions) -> None:
+    from rlt.decode.pipeline import PipelinedStepLoop
+
+    def step_loop(ctx):
+        if "static_buffers" not in ctx.feature_options:  # on by default: not an error, nothing to pipeline
+            log.warning("pipeline needs the static_buffers feature, which is off: steps run synchronously")
+            return SyncStepLoop()
+        executor = ctx.parts.executor
+        drain = ("preemption is on (a preempted request is rebuilt from recorded tokens)"
+                 if "preemption" in ctx.feature_options else "")
+        return PipelinedStepLoop(depth=options.depth, stats=executor.pipeline, max_rows=executor.buffers.max_rows,
+                                 drain_every_step=drain)
+
+    builder.replace("step_loop", step_loop)
+
+
+log = logging.getLogger("rlt.decode")
+
 FEATURES = [
     Feature(name="static_buffers", package="rlt-decode",
             description="decode-only steps from static, bucketed device buffers (one upload per step)",
@@ -91,4 +135,8 @@ FEATURES = [
     Feature(name="graphs", package="rlt-decode",
             description="capture and replay decode-only steps as CUDA/HIP graphs (needs static_buffers)",
             requires=frozenset({Capability.GRAPH_CAPTURE}), options=GraphOptions, install=_install_graphs),
+    Feature(name="pipeline", package="rlt-decode",
+            description="token-level pipeline: decode steps in flight, sampled tokens kept on the device and read "
+                        "back with a bounded lag (needs static_buffers)",
+            requires=frozenset({Capability.ASYNC_EXECUTION}), options=PipelineOptions, install=_install_pipeline),
 ]

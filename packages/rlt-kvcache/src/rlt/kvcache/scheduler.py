@@ -198,7 +198,7 @@ class KVCacheScheduler(LoopScheduler):
                 if not saved.row.in_prompt:
                     self._resume_at[req] = saved.row
             # the sampler's step counter (seeded streams) and the token count travel with the request
-            self.slots.num_generated[slot] = len(req.output_token_ids)
+            self.slots.num_generated[slot] = req.num_produced
         else:
             req.first_scheduled_time = time.monotonic()
         req.slot = slot

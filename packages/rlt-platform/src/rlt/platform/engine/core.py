@@ -6,6 +6,11 @@ waits for the result, records produced tokens through the output processor, fini
 (freeing slot, KV and executor state), advances the rows and calls the step observers. The step
 loop component decides how these are sequenced (:class:`SyncStepLoop`: one step per call).
 
+A pipelined step loop whose step's shape (which rows exit, how many tokens each produces) is
+known on the host at launch calls ``advance_launched(launched, shape)`` right after launching —
+the rows move on and the produced tokens are counted as pending (``Request.num_pending``) — and
+later ``complete(launched, advanced=True)`` when the token values arrive.
+
 Faults: an exception while building, executing or completing a step aborts the requests of that
 step with the error in their outputs, frees their resources, is counted, and the engine stays up.
 """
@@ -19,7 +24,7 @@ from typing import Any
 import attrs
 
 from rlt.platform.engine import prompt_logprobs
-from rlt.platform.engine.interfaces import Row, StepPlan
+from rlt.platform.engine.interfaces import Row, StepPlan, StepResult
 from rlt.platform.engine.output_processor import OutputProcessor
 from rlt.platform.engine.request import Request, RequestStatus
 from rlt.platform.outputs import RequestOutput
@@ -120,13 +125,34 @@ class EngineCore:
         except Exception as exc:  # noqa: BLE001 - an engine fault: complete() aborts the step's requests
             return Launched(plan.rows, None, None, exc)
 
-    def complete(self, launched: Launched) -> list[RequestOutput]:
+    def advance_launched(self, launched: Launched, shape: StepResult) -> None:
+        """Move the rows of a launched step on before its tokens are read (a pipelined loop).
+
+        ``shape`` gives ``exited`` and ``num_tokens`` per row in batch order (token values are
+        not read). Produced tokens become pending; the sampler's per-slot step counts include
+        them. A request whose produced count reaches ``max_tokens`` is not advanced (it has no
+        further rows: the loop must not schedule it again; it finishes when its tokens are read).
+        """
+        done: set[Request] = set()
+        rows = launched.batch.rows
+        for row, produced in zip(rows, shape.num_tokens):
+            req = row.request
+            if produced and not req.finished:
+                req.num_pending += int(produced)
+                self.slots.num_generated[row.slot] = req.num_produced
+                if req.num_produced >= req.max_tokens:
+                    done.add(req)
+        self.scheduler.advance(rows, shape, done)
+
+    def complete(self, launched: Launched, advanced: bool = False) -> list[RequestOutput]:
+        """Read a launched step's result and record it; ``advanced``: its rows were already moved
+        on by :meth:`advance_launched`."""
         outputs = self.take_outputs()
         error = launched.error
         if error is None:
             try:
                 result = launched.handle.result()
-                outputs.extend(self._apply(launched.batch.rows, result))
+                outputs.extend(self._apply(launched.batch.rows, result, advanced))
             except Exception as exc:  # noqa: BLE001
                 error = exc
         if error is not None:
@@ -139,7 +165,7 @@ class EngineCore:
             obs.on_step(launched.batch, result)
         return outputs
 
-    def _apply(self, rows, result) -> list[RequestOutput]:
+    def _apply(self, rows, result, advanced: bool = False) -> list[RequestOutput]:
         now = time.monotonic()
         off = result.token_offsets
         outputs: list[RequestOutput] = []
@@ -148,6 +174,8 @@ class EngineCore:
             req = row.request
             prompt_logprobs.collect(req, result.prompt_logprobs.get(i))
             lo, hi = int(off[i]), int(off[i + 1])
+            if advanced:
+                req.num_pending -= hi - lo  # counted at launch; recorded (or discarded) now
             if hi == lo or req in done or req.finished:
                 continue
             reason = None
@@ -160,12 +188,13 @@ class EngineCore:
                 reason = self.out.append(req, int(result.token_ids[k]), row.depth + 1, lp, top, now)
                 if reason is not None:
                     break
-            self.slots.num_generated[row.slot] = len(req.output_token_ids)
+            self.slots.num_generated[row.slot] = req.num_produced
             if reason is not None:
                 self._finish(req, reason)
                 done.add(req)
                 outputs.append(self._final(req))
             else:
                 outputs.append(self.out.output(req, False))
-        self.scheduler.advance(rows, result, done)
+        if not advanced:
+            self.scheduler.advance(rows, result, done)
         return outputs

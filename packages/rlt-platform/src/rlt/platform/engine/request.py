@@ -58,10 +58,18 @@ class Request:
     #: bookkeeping for incremental outputs
     reported_tokens: int = 0
     reported_text: int = 0
+    #: tokens sampled on the device by launched steps whose values the host has not read yet (a
+    #: pipelined step loop reads them with a lag); they count as produced for positions and seeds
+    num_pending: int = 0
 
     @property
     def num_prompt(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def num_produced(self) -> int:
+        """Tokens produced so far: recorded ones plus those still in flight (``num_pending``)."""
+        return len(self.output_token_ids) + self.num_pending
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -184,7 +184,7 @@ class LoopScheduler:
 
     def decode_row(self, request: Request, slot: int) -> Row:
         """The row of the request's next generated position (its last sampled token's)."""
-        pos = request.num_prompt + len(request.output_token_ids) - 1
+        pos = request.num_prompt + request.num_produced - 1
         return Row(request, slot, pos, 1, 0, samples=True, in_prompt=False)
 
     def advance_row(self, row: Row, exited: bool, produced: bool) -> bool:
