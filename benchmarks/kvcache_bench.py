@@ -23,6 +23,7 @@ Writes ``results.json`` and ``results.md`` into ``--out-dir``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -71,6 +72,9 @@ class Bench:
         self.vocab = 300  # ids every tokenizer of the named configs has
 
     def engine(self, *, preemption: PreemptionOptions | None = None, prefix: bool = False, **cfg):
+        gc.collect()  # the previous engine's KV pool goes before this one is allocated
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         enabled = {"preemption": preemption is not None, "prefix_cache": prefix}
         options = {"preemption": preemption} if preemption is not None else {}
         if prefix:

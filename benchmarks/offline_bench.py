@@ -85,6 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--feature-module", action="append", default=[], metavar="MODULE",
                     help="compose the FEATURES of this module into the engine (repeatable), e.g. rlt.decode.feature; "
                          "default: the base engine")
+    ap.add_argument("--disable-feature", action="append", default=[], metavar="NAME",
+                    help="switch off one feature of the composed modules (repeatable), e.g. pipeline")
     ap.add_argument("--fixed-depth", action="store_true",
                     help="serve fixed depth (EngineConfig.fixed_depth): lets auto pick FlashAttention for LAST_EXITED; "
                          "adaptive (tau<1) workloads are refused")
@@ -170,7 +172,8 @@ def main(argv=None) -> dict:
     log(f"attention backend: {backend}" + (f" ({backend_note})" if backend_note else ""))
     opts = EngineOptions(device=args.device, dtype=args.dtype, attention_backend=backend,
                          block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
-                         fixed_depth=args.fixed_depth, feature_modules=tuple(args.feature_module))
+                         fixed_depth=args.fixed_depth, feature_modules=tuple(args.feature_module),
+                         disabled_features=tuple(args.disable_feature))
     results = {
         "schema": "rlt-offline-bench/1",
         "command": " ".join(shlex.quote(a) for a in ([Path(sys.argv[0]).name] if argv is None else ["offline_bench"])
@@ -178,7 +181,8 @@ def main(argv=None) -> dict:
         "environment": env, "model": model_info, "ceilings": ceilings.to_dict(),
         "options": {"attention_backend": args.attention_backend, "backend_used": backend,
                     "block_size": args.block_size, "max_num_batched_tokens": args.max_num_batched_tokens,
-                    "fixed_depth": args.fixed_depth, "feature_modules": args.feature_module, "reps": args.reps, "warmup_output_len": args.warmup_output_len,
+                    "fixed_depth": args.fixed_depth, "feature_modules": args.feature_module,
+                    "disabled_features": args.disable_feature, "reps": args.reps, "warmup_output_len": args.warmup_output_len,
                     "sync_steps": not args.no_sync_steps},
         "backend_note": backend_note,
         "workloads": [], "baselines": [], "profiles": [],

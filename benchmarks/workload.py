@@ -114,6 +114,8 @@ class EngineOptions:
     #: modules whose ``FEATURES`` are composed into the engine (e.g. ``rlt.decode.feature``); none:
     #: the base engine. Named explicitly so a benchmark needs no installed entry points.
     feature_modules: tuple[str, ...] = ()
+    #: features of those modules switched off (e.g. ``pipeline``: rlt-decode without its pipeline)
+    disabled_features: tuple[str, ...] = ()
 
     def build_engine(self, config: EngineConfig, load_checkpoint=None) -> LLMEngine:
         if not self.feature_modules:
@@ -124,7 +126,8 @@ class EngineOptions:
         from rlt.platform.platforms import detect_platform
 
         features = [f for m in self.feature_modules for f in importlib.import_module(m).FEATURES]
-        plan = plan_composition(detect_platform(config.device), features)
+        plan = plan_composition(detect_platform(config.device), features,
+                                enabled={name: False for name in self.disabled_features})
         engine = plan.assembly.build_engine(config, load_checkpoint=load_checkpoint)
         engine.features = plan.table
         return engine

@@ -6,6 +6,8 @@
 # back to back in one lease (Ouro-1.4B shapes, random weights, bf16, Triton, 1K-token prompts):
 #
 #   OUT=benchmarks/results/<dir> bash scripts/decode_h200.sh
+# VARIANTS (default "base decode"; nopipe = rlt-decode without its pipeline), BENCH_ARGS (e.g.
+# --no-sync-steps: no device synchronise after each step, which a pipelined loop needs to overlap)
 set -uo pipefail
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -21,9 +23,13 @@ WORKLOADS=(--workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k
            --workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k
            ${EXTRA_WORKLOADS:-})
 for variant in ${VARIANTS:-base decode}; do
-  extra=(); [ "$variant" = decode ] && extra=(--feature-module rlt.decode.feature)
+  extra=()
+  case $variant in  # base: the base engine; decode: rlt-decode's features; nopipe: rlt-decode without its pipeline
+    decode) extra=(--feature-module rlt.decode.feature) ;;
+    nopipe) extra=(--feature-module rlt.decode.feature --disable-feature pipeline) ;;
+  esac
   timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
-    --work-dir /tmp/rlt-bench --out-dir "$OUT/$variant" --reps 3 --warmup-output-len 4 "${extra[@]}" "${WORKLOADS[@]}" \
+    --work-dir /tmp/rlt-bench --out-dir "$OUT/$variant" --reps 3 --warmup-output-len 4 "${extra[@]}" ${BENCH_ARGS:-} "${WORKLOADS[@]}" \
     > "$OUT/$variant.log" 2>&1
   echo "== $variant"; grep -E "^\| (c1-1k|c64-1k|c128-1k) \| triton" "$OUT/$variant/results.md" || tail -20 "$OUT/$variant.log"
 done
