@@ -126,7 +126,7 @@ class EngineOptions:
         from rlt.platform.platforms import detect_platform
 
         features = [f for m in self.feature_modules for f in importlib.import_module(m).FEATURES]
-        plan = plan_composition(detect_platform(config.device), features,
+        plan = plan_composition(detect_platform(config.device), features, model=config.model,
                                 enabled={name: False for name in self.disabled_features})
         engine = plan.assembly.build_engine(config, load_checkpoint=load_checkpoint)
         engine.features = plan.table
@@ -292,7 +292,7 @@ def median_of(reps: list[dict]) -> dict:
 
 # -- memory pre-flight -----------------------------------------------------------------------------
 def kv_pool_bytes(engine_cfg: EngineConfig, model_cfg, elem_bytes: int) -> int:
-    per_block = (2 * model_cfg.num_hidden_layers * engine_cfg.block_size * model_cfg.num_key_value_heads
+    per_block = (2 * (model_cfg.num_hidden_layers + getattr(model_cfg, 'boundary_layers', 0)) * engine_cfg.block_size * model_cfg.num_key_value_heads
                  * model_cfg.head_dim * elem_bytes + engine_cfg.block_size * 4)
     return engine_cfg.num_kv_blocks * per_block
 
