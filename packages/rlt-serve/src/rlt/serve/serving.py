@@ -17,6 +17,9 @@ engine's outputs to OpenAI responses — one JSON body, or SSE chunks ending wit
   completions, per response in chat).
 - SSE ``data:`` lines escape U+2028, U+2029 and U+0085 (valid JSON either way, but line-splitting
   clients such as httpx's ``aiter_lines`` would cut a raw one).
+- Streaming writes once per wakeup (everything the engine delivered meanwhile, one send); a
+  client that fell behind gets one chunk per choice for the outputs it missed, built from the
+  latest (cumulative) output, so nothing is lost. The chunk envelope is encoded once per request.
 - Streaming holds back the last ``len(longest stop string) - 1`` characters until the request
   ends, so a stop string split across tokens is never partly sent.
 - A client that goes away cancels its handler; every unfinished engine request of it is aborted,
