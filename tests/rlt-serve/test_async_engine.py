@@ -250,3 +250,32 @@ def test_stop_aborts_what_is_left(ckpt):
     rest, front = asyncio.run(main())
     assert rest[-1].output.finish_reason == "abort"
     assert not front.alive and front.in_flight == 0
+
+
+def test_a_generation_wakes_once_for_everything_delivered_meanwhile():
+    from rlt.serve.async_engine import Generation, Item
+
+    class _Front:
+        aborted: list = []
+
+        def abort(self, rid):
+            self.aborted.append(rid)
+
+    async def main():
+        gen = Generation(_Front(), ["a", "b"])
+        got = []
+
+        async def consume():
+            async for batch in gen.batches():
+                got.append([i.request_id for i in batch])
+
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(0)  # the consumer now waits
+        for rid in ("a", "b", "a"):
+            gen.put(Item(0, rid, None, 0.0, None if rid != "b" else "failed"))
+        gen.put(Item(0, "a", None, 0.0, "failed"))
+        await task
+        return got, gen
+
+    got, gen = asyncio.run(main())
+    assert got == [["a", "b", "a", "a"]] and gen.done

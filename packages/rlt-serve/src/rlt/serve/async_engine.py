@@ -12,6 +12,12 @@ engine's stats (the only engine state the front end reads; it never calls the en
 :class:`Generation` is one HTTP request's set of engine requests (prompts x n); iterating it
 yields their outputs as they come; ``abort()`` cancels what is unfinished and so frees its KV.
 
+Delivery cost (issue 10): the thread hands over each step's outputs in one
+``call_soon_threadsafe`` callback; that callback appends each output to its generation's buffer
+and wakes each waiting consumer at most once per step (no ``asyncio.Queue``, no future per item).
+A consumer takes everything buffered at once (:meth:`Generation.batches`), so one that fell behind
+handles several steps' outputs in one wakeup.
+
 Faults: a failure inside ``step()`` is handled by the engine itself (it aborts that step's requests
 with the error recorded). Anything else that escapes ``step()`` is caught here: the requests the
 step was running are aborted with an error, the fault is logged and counted, and the loop goes on.
@@ -192,7 +198,7 @@ class Item:
 
 @attrs.define(eq=False)
 class _Route:
-    sink: asyncio.Queue
+    sink: "Generation"
     index: int
     timer: Any  # metrics.RequestTimer
 
@@ -368,7 +374,7 @@ class AsyncEngine:
                 continue
             if self.metrics is not None:
                 self.metrics.on_output(route.timer, out, d.stamp)
-            route.sink.put_nowait(Item(route.index, out.request_id, out, d.stamp))
+            route.sink.put(Item(route.index, out.request_id, out, d.stamp))
             if out.finished:
                 self._drop(out.request_id)
         for rid, message in d.failed:
@@ -376,7 +382,7 @@ class AsyncEngine:
             if route is not None:
                 if self.metrics is not None:
                     self.metrics.on_failed(route.timer)
-                route.sink.put_nowait(Item(route.index, rid, None, d.stamp, message))
+                route.sink.put(Item(route.index, rid, None, d.stamp, message))
         if self.metrics is not None:
             self.metrics.on_stats(d.stats, d.thread_faults)
 
@@ -387,7 +393,7 @@ class AsyncEngine:
             route = self._drop(rid)
             if self.metrics is not None:
                 self.metrics.on_failed(route.timer)
-            route.sink.put_nowait(Item(route.index, rid, None, now, reason))
+            route.sink.put(Item(route.index, rid, None, now, reason))
 
     # -- requests ----------------------------------------------------------------------------------------
     def _reserve(self, n: int) -> None:
@@ -419,7 +425,7 @@ class AsyncEngine:
             raise ValueError(f"request id {clash[0]} is already in flight")
         for index, rid, ids, params in requests:
             timer = self.metrics.timer(arrival, len(ids)) if self.metrics is not None else None
-            self._routes[rid] = _Route(gen.queue, index, timer)
+            self._routes[rid] = _Route(gen, index, timer)
             self.in_flight += 1
             fut = self._loop.create_future()
             futures.append(fut)
@@ -437,11 +443,15 @@ class AsyncEngine:
 
 
 class Generation:
-    """The engine requests of one HTTP request; iterate for their outputs, ``abort()`` to cancel."""
+    """The engine requests of one HTTP request; iterate for their outputs, ``abort()`` to cancel.
+
+    Outputs are buffered on the event loop by :meth:`put`; the consumer is woken at most once per
+    engine step however many of its outputs that step produced."""
 
     def __init__(self, front: AsyncEngine, request_ids: list[str]) -> None:
         self._front = front
-        self.queue: asyncio.Queue[Item] = asyncio.Queue()
+        self._buffer: list[Item] = []
+        self._waiter: asyncio.Future | None = None
         self.request_ids = list(request_ids)
         self._pending = set(request_ids)
         self._aborted = False
@@ -449,6 +459,13 @@ class Generation:
     @property
     def done(self) -> bool:
         return not self._pending
+
+    def put(self, item: Item) -> None:
+        """Buffer ``item`` and wake the consumer if it waits (event loop only)."""
+        self._buffer.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def abort(self) -> None:
         """Cancel every unfinished engine request (idempotent); their KV is freed by the engine."""
@@ -459,9 +476,22 @@ class Generation:
             if rid in self._pending:
                 self._front.abort(rid)
 
-    async def __aiter__(self) -> AsyncIterator[Item]:
+    async def batches(self) -> AsyncIterator[list[Item]]:
+        """Everything delivered since the last batch, in order, until every request has finished."""
         while self._pending:
-            item = await self.queue.get()
-            if item.finished:
-                self._pending.discard(item.request_id)
-            yield item
+            if not self._buffer:
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+            batch, self._buffer = self._buffer, []
+            for item in batch:
+                if item.finished:
+                    self._pending.discard(item.request_id)
+            yield batch
+
+    async def __aiter__(self) -> AsyncIterator[Item]:
+        async for batch in self.batches():
+            for item in batch:
+                yield item

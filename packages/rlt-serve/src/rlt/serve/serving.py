@@ -17,6 +17,9 @@ engine's outputs to OpenAI responses — one JSON body, or SSE chunks ending wit
   completions, per response in chat).
 - SSE ``data:`` lines escape U+2028, U+2029 and U+0085 (valid JSON either way, but line-splitting
   clients such as httpx's ``aiter_lines`` would cut a raw one).
+- Streaming writes once per wakeup (everything the engine delivered meanwhile, one send); a
+  client that fell behind gets one chunk per choice for the outputs it missed, built from the
+  latest (cumulative) output, so nothing is lost. The chunk envelope is encoded once per request.
 - Streaming holds back the last ``len(longest stop string) - 1`` characters until the request
   ends, so a stop string split across tokens is never partly sent.
 - A client that goes away cancels its handler; every unfinished engine request of it is aborted,
@@ -40,7 +43,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from rlt.platform.errors import RltError
 from rlt.platform.outputs import RequestOutput, TokenLogprob
 from rlt.platform.sampling_params import SamplingParams
-from rlt.serve.async_engine import Generation
+from rlt.serve.async_engine import Generation, Item
 from rlt.serve.errors import EngineFault, from_rlt_error
 from rlt.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, seed_for_choice
 from rlt.serve.state import ServerState, check_text
@@ -51,9 +54,12 @@ _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\u0085": "\\u0085"})
 
 
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(',', ':')).translate(_LINE_BREAKS)
+
+
 def sse(payload: dict[str, Any]) -> str:
-    body = json.dumps(payload, ensure_ascii=False, separators=(',', ':')).translate(_LINE_BREAKS)
-    return f"data: {body}\n\n"
+    return f"data: {_json(payload)}\n\n"
 
 
 def _finite(x: float) -> float:
@@ -251,6 +257,7 @@ class _Job:
         #: set once the whole response (or its in-band error) has been produced
         self.completed = False
         self.created = int(time.time())
+        self._chunk_head: str | None = None
         hold = max((len(s) for s in params.stop), default=1) - 1
         echo_logprobs = getattr(body, "echo_logprobs", False)
         self.choices = {p * self.n + i: ChoiceStream(p * self.n + i, ids, prefixes[p], hold, echo_logprobs)
@@ -276,6 +283,14 @@ class _Job:
     def envelope(self, choices: list[dict], chunk: bool) -> dict[str, Any]:
         return {"id": self.id, "object": self.fmt.chunk_object if chunk else self.fmt.object_name,
                 "created": self.created, "model": self.model, "choices": choices}
+
+    def chunk_sse(self, choices: list[dict], usage: dict[str, int] | None = None) -> str:
+        """``sse(envelope(choices, chunk=True) [+ usage])``, byte for byte, encoding the envelope once per job."""
+        if self._chunk_head is None:
+            head = _json(self.envelope([], chunk=True))
+            self._chunk_head = "data: " + head[:head.rindex("[]")]
+        tail = "}\n\n" if usage is None else f',"usage":{_json(usage)}}}\n\n'
+        return self._chunk_head + _json(choices) + tail
 
 
 async def _start(job: _Job) -> Generation:
@@ -356,6 +371,17 @@ class GenerationStream(StreamingResponse):
                 self._job.state.metrics.disconnects.inc()
 
 
+def _superseded(batch: list[Item]) -> set[int]:
+    """Positions in ``batch`` of outputs a later output of the same choice supersedes (outputs are
+    cumulative, so a client that fell behind gets one chunk per choice for the steps it missed)."""
+    last: dict[int, int] = {}
+    for pos, item in enumerate(batch):
+        if item.error is None and item.output is not None and not item.output.error:
+            last[item.index] = pos
+    return {pos for pos, item in enumerate(batch)
+            if item.error is None and item.output is not None and not item.output.error and last[item.index] != pos}
+
+
 async def _stream(job: _Job, gen: Generation) -> AsyncIterator[str]:
     fmt, body = job.fmt, job.body
     generated: dict[int, int] = {}
@@ -363,36 +389,35 @@ async def _stream(job: _Job, gen: Generation) -> AsyncIterator[str]:
     # client that times the first chunk (vllm bench serve) then measures the first token.
     opening = fmt.opening(sorted(job.choices))
     try:
-        async for item in gen:
-            error = item.error or (item.output.error if item.output is not None else None)
-            if error is not None:
-                job.completed = True
-                yield sse(EngineFault(error, item.request_id).body())
-                yield DONE
-                return
-            for c in opening:
-                chunk = job.envelope([c], chunk=True)
-                if body.continuous_usage:
-                    chunk["usage"] = _usage(len(job.prompt_of(c["index"])), 0)
-                yield sse(chunk)
-            opening = []
-            out = item.output
-            d = job.choices[item.index].delta(out)
-            if not (d["text"] or d["token_ids"] or d["finished"] or d["first"]):
-                continue
-            d["lp"] = fmt.logprobs(item.index, d["logprobs"], job.top_n)
-            generated[item.index] = d["completion_tokens"]
-            chunk = job.envelope([fmt.chunk_choice(item.index, d, body.return_token_ids, job.prompt_of(item.index))],
-                                 chunk=True)
-            if body.continuous_usage:
-                chunk["usage"] = _usage(len(job.prompt_of(item.index)), d["completion_tokens"])
-            yield sse(chunk)
-        if body.include_usage:
-            final = job.envelope([], chunk=True)
-            final["usage"] = _usage(job.prompt_tokens, sum(generated.values()))
-            yield sse(final)
+        async for batch in gen.batches():
+            parts: list[str] = []  # one write per wakeup, whatever the batch holds
+            skip = _superseded(batch) if len(batch) > 1 else ()
+            for pos, item in enumerate(batch):
+                error = item.error or (item.output.error if item.output is not None else None)
+                if error is not None:
+                    job.completed = True
+                    parts += (sse(EngineFault(error, item.request_id).body()), DONE)
+                    yield "".join(parts)
+                    return
+                for c in opening:
+                    parts.append(job.chunk_sse([c], _usage(len(job.prompt_of(c["index"])), 0)
+                                               if body.continuous_usage else None))
+                opening = []
+                if pos in skip:
+                    continue
+                d = job.choices[item.index].delta(item.output)
+                if not (d["text"] or d["token_ids"] or d["finished"] or d["first"]):
+                    continue
+                d["lp"] = fmt.logprobs(item.index, d["logprobs"], job.top_n)
+                generated[item.index] = d["completion_tokens"]
+                choice = fmt.chunk_choice(item.index, d, body.return_token_ids, job.prompt_of(item.index))
+                parts.append(job.chunk_sse([choice], _usage(len(job.prompt_of(item.index)), d["completion_tokens"])
+                                           if body.continuous_usage else None))
+            if parts:
+                yield "".join(parts)
+        tail = [job.chunk_sse([], _usage(job.prompt_tokens, sum(generated.values())))] if body.include_usage else []
         job.completed = True
-        yield DONE
+        yield "".join(tail) + DONE
     finally:
         gen.abort()
 
