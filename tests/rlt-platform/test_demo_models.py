@@ -9,7 +9,6 @@ from huginn_driver import HuginnDriver
 from rlt.platform import EngineConfig, LLMEngine, SamplingParams
 from rlt.platform.checkpoint import load_checkpoint
 from rlt.platform.checkpoint.demo import DEMO_NAMES, demo_model_dir, resolve_model
-from rlt.platform.errors import ConfigError
 
 
 @pytest.mark.parametrize("family", ["ouro", "nanbeige"])
@@ -30,8 +29,14 @@ def test_huginn_demo_loads_and_runs_its_stages(demo_dir):
     model = ck.family.build_runtime(ck.config, ck.weights)
     out = HuginnDriver(model, max_steps=4, max_seqs=1).run([(0, "r", [5, 6, 7], dict(num_steps=4, max_tokens=3))])
     assert len(out["r"]) == 3
-    with pytest.raises(ConfigError, match="Huginn needs engine support"):
-        LLMEngine(EngineConfig(model=DEMO_NAMES["huginn_raven"], dtype="float32"))
+    # The demo serves through the engine too, with the same tokens as the stage-level driver.
+    eng = LLMEngine(EngineConfig(model=DEMO_NAMES["huginn_raven"], dtype="float32", init_state_scale=0.0))
+    assert eng.ctx.model_type == "huginn_raven"
+    eng.add_request("r", [5, 6, 7], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, max_loops=4))
+    done = None
+    while eng.has_unfinished_requests():
+        done = next((o for o in eng.step() if o.finished), done)
+    assert list(done.token_ids) == list(out["r"])
 
 
 def test_a_directory_wins_over_a_demo_name(tmp_path, monkeypatch):
