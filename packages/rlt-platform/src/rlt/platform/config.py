@@ -70,7 +70,7 @@ class EngineConfig:
         "context length limit (default: the model's max_position_embeddings)", type=positive_int))
     max_num_batched_tokens: int | None = attrs.field(
         default=None, validator=_positive("max_num_batched_tokens"), metadata=_meta(
-            "tokens in one step (default: max_model_len)", type=positive_int))
+            "tokens in one step (default: the larger of 8192 and max_model_len)", type=positive_int))
     #: depth planes (and the most loops a request may ask for); None = the model's loop count. For a
     #: model whose depth is a per-request choice (Huginn) it is the most recurrences a request may ask
     #: for (``max_loops``); requests that give none run the model's own count (``mean_recurrence``).

@@ -86,10 +86,21 @@ def build_context(config: EngineConfig, platform: Platform, feature_options: Map
         max_model_len=max_model_len, num_loops=num_loops, max_num_seqs=config.max_num_seqs,
         default_loops=min(shape.num_loops, num_loops) if model.per_request_depth else num_loops,
         boundary_cache=boundary,
-        max_num_batched_tokens=config.max_num_batched_tokens or max_model_len,
+        max_num_batched_tokens=config.max_num_batched_tokens or default_step_budget(max_model_len),
         # Fixed full depth unless asked otherwise (the checkpoint's early_exit_threshold is not a
         # serving default: HF computes every loop regardless, so adopting it would change semantics).
         default_threshold=config.exit_threshold if config.exit_threshold is not None else 1.0,
         eos_token_ids=frozenset(ckpt.family.stop_token_ids(ckpt.config, tokenizer)) & set(range(shape.vocab_size)),
         feature_options=dict(feature_options or {}),
     )
+
+
+#: The step token budget when none is given: vLLM's serving default (8,192 tokens) or the context
+#: length when that is larger, so a whole prompt always fits one step without chunked prefill.
+#: A budget of only ``max_model_len`` (2,048 for a 2K server) admits two 1K prompts per step, and a
+#: burst of 64 then waits through 32 prefill waves (measured on the H200: TTFT p50 6.6 s).
+DEFAULT_STEP_BUDGET = 8192
+
+
+def default_step_budget(max_model_len: int) -> int:
+    return max(max_model_len, DEFAULT_STEP_BUDGET)
