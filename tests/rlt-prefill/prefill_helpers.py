@@ -22,10 +22,13 @@ def prompts(lengths, vocab=320, seed=0):
 
 
 def chunked_engine(path, *, chunk_size=0, wavefront=False, max_inflight_tokens=0, budget=None, layout="last_exited",
-                   **config):
+                   smoothness=None, **config):
+    """``smoothness``: ChunkedPrefillOptions fields of the decode-smoothness cap (decode_step_ratio,
+    step_overhead_tokens, attention_tokens); the defaults otherwise."""
     cfg = EngineConfig(model=str(path), dtype=config.pop("dtype", "float32"), kv_layout=layout, block_size=4,
                        max_num_batched_tokens=budget, **config)
-    opts = ChunkedPrefillOptions(chunk_size=chunk_size, wavefront=wavefront, max_inflight_tokens=max_inflight_tokens)
+    opts = ChunkedPrefillOptions(chunk_size=chunk_size, wavefront=wavefront, max_inflight_tokens=max_inflight_tokens,
+                                 **(smoothness or {}))
     return build_engine(cfg, features=FEATURES, enabled={"chunked_prefill": True, "packed_prefill": False,
                                                          "prefill_uva": False},
                         options={"chunked_prefill": opts})

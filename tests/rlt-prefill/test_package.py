@@ -45,8 +45,14 @@ def test_cli_flags_are_generated_from_the_options():
     parser = argparse.ArgumentParser()
     add_feature_arguments(parser, FEATURES)
     args = parser.parse_args(["--prefill-chunk-size", "64", "--chunked-prefill-wavefront",
-                              "--chunked-prefill-max-inflight-tokens", "256", "--no-packed-prefill"])
+                              "--chunked-prefill-max-inflight-tokens", "256", "--no-packed-prefill",
+                              "--chunked-prefill-decode-step-ratio", "1.75",
+                              "--chunked-prefill-step-overhead-tokens", "1500",
+                              "--chunked-prefill-attention-tokens", "8000"])
     enabled, options = options_from_args(FEATURES, args)
     assert enabled == {"chunked_prefill": True, "packed_prefill": False}
     o = options["chunked_prefill"]
     assert (o.chunk_size, o.wavefront, o.max_inflight_tokens) == (64, True, 256)
+    assert (o.decode_step_ratio, o.step_overhead_tokens, o.attention_tokens) == (1.75, 1500, 8000)
+    d = options_from_args(FEATURES, parser.parse_args([]))[1]["chunked_prefill"]
+    assert (d.decode_step_ratio, d.step_overhead_tokens, d.attention_tokens) == (1.5, 2048, 0)

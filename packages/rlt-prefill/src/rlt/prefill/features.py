@@ -19,7 +19,8 @@ from rlt.platform.features import Feature
 from rlt.platform.platforms import Capability
 from rlt.prefill.row_groups import PromptRowGroups, RowGroupBatchBuilder
 from rlt.prefill.prompt_backend import choose_prompt_backend
-from rlt.prefill.scheduler import ChunkedPrefillChunker
+from rlt.prefill.scheduler import (DEFAULT_STEP_OVERHEAD_TOKENS, DEFAULT_STEP_RATIO, ChunkedPrefillChunker, StepCost,
+                                   attention_tokens_for)
 from rlt.prefill.uva_uploader import StagingUploader
 
 log = logging.getLogger("rlt.prefill")
@@ -44,6 +45,31 @@ class ChunkedPrefillOptions:
         "--chunked-prefill-max-inflight-tokens"), metadata={
         "help": "most prompt positions in flight between loops, bounding intermediate hidden states "
                 "(0: the step budget)"})
+    decode_step_ratio: float = attrs.field(default=DEFAULT_STEP_RATIO, metadata={
+        "help": "decode smoothness: a step with decode rows carries at most (ratio - 1) x (step overhead + "
+                "decode tokens) of attention-weighted prompt row-loops, so it costs at most ratio x a "
+                f"decode-only step (default {DEFAULT_STEP_RATIO}; 0: no cap, only the step budget)"})
+    step_overhead_tokens: int = attrs.field(default=DEFAULT_STEP_OVERHEAD_TOKENS, metadata={
+        "help": "what a decode-only step costs besides its rows (weights read once, launches, host work), in "
+                f"prompt row-loops (default {DEFAULT_STEP_OVERHEAD_TOKENS}: the H200 eager executor)"})
+    attention_tokens: int = attrs.field(default=0, validator=_non_negative("--chunked-prefill-attention-tokens"),
+                                        metadata={
+        "help": "context at which a prompt row's attention costs as much as its linear layers "
+                "(0: 6 x hidden_size)"})
+
+    @decode_step_ratio.validator
+    def _ratio(self, attribute, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value == 0 or value > 1):
+            raise ValueError(f"--chunked-prefill-decode-step-ratio must be 0 (off) or a number > 1, got {value!r}")
+
+    @step_overhead_tokens.validator
+    def _overhead(self, attribute, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"--chunked-prefill-step-overhead-tokens must be an integer >= 1, got {value!r}")
+
+    def step_cost(self, hidden_size: int) -> StepCost:
+        return StepCost(ratio=float(self.decode_step_ratio), overhead_tokens=self.step_overhead_tokens,
+                        attention_tokens=self.attention_tokens or attention_tokens_for(hidden_size))
 
 
 def install_chunked_prefill(builder, options: ChunkedPrefillOptions) -> None:
@@ -56,7 +82,8 @@ def install_chunked_prefill(builder, options: ChunkedPrefillOptions) -> None:
                                    f"rlt.platform.engine.chunking); {type(policy).__name__} has none")
         policy.prompt_chunker = ChunkedPrefillChunker.from_options(
             ctx, chunk_size=options.chunk_size or ctx.max_num_batched_tokens, wavefront=options.wavefront,
-            max_inflight_tokens=options.max_inflight_tokens or None)
+            max_inflight_tokens=options.max_inflight_tokens or None,
+            step_cost=options.step_cost(ctx.model.shape.hidden_size))
         return inner
 
     builder.wrap("scheduler", wrap)
