@@ -11,8 +11,17 @@ Workloads (``--workload``, several allowed):
   memory above the same prompt without them, against the stated bound (four LM-head slices of
   ``DEFAULT_CHUNK_SIZE`` positions x vocab fp32 values).
 - ``smooth``: ``--decoders`` (32) requests decoding while ``--arrival-len`` (16384) prompts arrive
-  every ``--arrive-every`` seconds for ``--duration`` seconds, for each of full / chunked /
-  wavefront prefill: the decoders' inter-token latency p50 / p99 and the long prompts' TTFT.
+  every ``--arrive-every`` seconds for ``--duration`` seconds, for each of ``--modes``: the
+  decoders' inter-token latency p50 / p99 and the long prompts' TTFT. Modes: ``full`` (no
+  chunked prefill, a budget that fits the prompt), ``chunked`` (rlt-prefill's defaults: the
+  engine's default budget, the decode-smoothness cap), ``wavefront`` (the cap, WCPB with
+  ``--wavefront-chunk`` chunks), ``chunked-r2`` (the cap at ratio 2), ``budget2048`` (vLLM-style:
+  a 2,048-token budget shared with decode rows, no cap; the setting measured before the cap).
+  Every step is recorded (wall time, decode tokens, prompt rows, their attention units) and the
+  step-time model of ``rlt.prefill.scheduler`` is fitted to them: ``T = T0 + a0 * rows + a1 *
+  sum(n * mean context)``, printed as T0, a0, C0 = T0 / a0 (``--chunked-prefill-step-overhead-
+  tokens``) and K = a0 / a1 (``--chunked-prefill-attention-tokens``). ITL windows that held no
+  prompt row give the decode-only noise floor (``clean_itl_*``).
 
 Prints one JSON object per result line and writes them all to ``--out``. Nothing here asserts.
 """
@@ -36,7 +45,7 @@ DEVICE = {"device": "cuda", "dtype": "bfloat16"}
 DEVICE_BLOCKS = [24000]
 
 
-def _engine(model, *, budget=None, chunk=0, wavefront=False, packed=True, **cfg):
+def _engine(model, *, budget=None, chunk=0, wavefront=False, packed=True, chunked=True, smooth=None, **cfg):
     from rlt.platform import EngineConfig
     from rlt.platform.composition import build_engine
     from rlt.prefill.features import FEATURES, ChunkedPrefillOptions
@@ -50,8 +59,51 @@ def _engine(model, *, budget=None, chunk=0, wavefront=False, packed=True, **cfg)
         torch.cuda.empty_cache()
     cfg.setdefault("num_kv_blocks", DEVICE_BLOCKS[0])
     config = EngineConfig(model=model, max_num_batched_tokens=budget, **DEVICE, **cfg)
-    return build_engine(config, features=FEATURES, enabled={"chunked_prefill": True, "packed_prefill": packed},
-                        options={"chunked_prefill": ChunkedPrefillOptions(chunk_size=chunk, wavefront=wavefront)})
+    opts = ChunkedPrefillOptions(chunk_size=chunk, wavefront=wavefront, **(smooth or {}))
+    return build_engine(config, features=FEATURES, enabled={"chunked_prefill": chunked, "packed_prefill": packed},
+                        options={"chunked_prefill": opts})
+
+
+class StepLog:
+    """Step observer: end time and composition of every step (decode tokens, prompt rows, their
+    attention units sum(n * mean causal context))."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[float, int, int, float]] = []
+
+    def on_step(self, batch, result) -> None:
+        dec = rows = 0
+        attn = 0.0
+        for r in batch.rows:
+            if r.in_prompt:
+                rows += r.length
+                attn += r.length * (r.start + (r.length + 1) / 2)
+            else:
+                dec += r.length
+        self.rows.append((time.perf_counter(), dec, rows, attn))
+
+
+def fit_steps(log: StepLog, t0: float) -> dict:
+    """Least squares of step wall time on [1, decode + prompt rows, attention units] over the steps
+    after ``t0`` (each step's time: since the previous step ended)."""
+    recs = [r for r in log.rows if r[0] >= t0]
+    if len(recs) < 8:
+        return {}
+    t = np.array([r[0] for r in recs])
+    dt = np.diff(t)
+    x = np.array([[1.0, r[1] + r[2], r[3]] for r in recs[1:]])
+    prompt = np.array([r[2] for r in recs[1:]])
+    out = {"steps": int(len(dt)), "mixed_steps": int((prompt > 0).sum()),
+           "decode_only_step_ms_p50": float(np.median(dt[prompt == 0]) * 1e3) if (prompt == 0).any() else None,
+           "mixed_step_ms_p50": float(np.median(dt[prompt > 0]) * 1e3) if (prompt > 0).any() else None,
+           "mixed_step_ms_p99": float(np.percentile(dt[prompt > 0], 99) * 1e3) if (prompt > 0).any() else None,
+           "prompt_rows_per_mixed_step_max": int(prompt.max()) if len(prompt) else 0}
+    if (prompt > 0).sum() >= 3 and (prompt == 0).sum() >= 3:
+        coef, *_ = np.linalg.lstsq(x, dt, rcond=None)
+        t0_, a0, a1 = (float(c) for c in coef)
+        out.update(T0_ms=t0_ * 1e3, a0_us=a0 * 1e6, a1_ns_per_key=a1 * 1e9,
+                   C0_tokens=t0_ / a0 if a0 > 0 else None, K_tokens=a0 / a1 if a1 > 0 else None)
+    return out
 
 
 def _ids(n, seed):
@@ -126,10 +178,14 @@ def logprobs(model, args):
 def smooth(model, args, mode):
     from rlt.platform import SamplingParams
 
-    kw = {"full": dict(budget=args.arrival_len + args.decoders + 64),
-          "chunked": dict(budget=args.budget, chunk=args.chunk),
-          "wavefront": dict(budget=args.budget, chunk=args.chunk, wavefront=True)}[mode]
+    kw = {"full": dict(budget=args.arrival_len + args.decoders + 64, chunked=False),
+          "chunked": dict(chunk=args.chunk),
+          "wavefront": dict(chunk=args.wavefront_chunk, wavefront=True),
+          "chunked-r2": dict(chunk=args.chunk, smooth={"decode_step_ratio": 2.0}),
+          "budget2048": dict(budget=2048, chunk=args.chunk, smooth={"decode_step_ratio": 0})}[mode]
     engine = _engine(model, max_num_seqs=args.decoders + 8, **kw)
+    steps = StepLog()
+    engine.add_observer(steps)
     dec = SamplingParams(max_tokens=min(args.decode_tokens, engine.max_model_len - 129), temperature=0.0,
                          ignore_eos=True)
     for i in range(args.decoders):
@@ -139,6 +195,7 @@ def smooth(model, args, mode):
         started |= {o.request_id for o in engine.step() if o.token_ids}
     last: dict[str, float] = {}
     itl: list[float] = []
+    windows: list[tuple[float, float]] = []
     arrivals: dict[str, float] = {}
     ttft: list[float] = []
     start = time.perf_counter()
@@ -158,6 +215,7 @@ def smooth(model, args, mode):
             if o.request_id.startswith("d"):
                 if o.request_id in last:
                     itl.append(now - last[o.request_id])
+                    windows.append((last[o.request_id], now))
                 last[o.request_id] = now
                 if o.finished:  # keep the decoding population constant: a fresh decoder takes its place
                     refill += 1
@@ -167,11 +225,26 @@ def smooth(model, args, mode):
     for rid in list(engine.running_request_ids()):
         engine.abort_request(rid)
     p50, p99 = float(np.percentile(itl, 50)), float(np.percentile(itl, 99))
-    return {"workload": "smooth", "mode": mode, "budget": kw["budget"], "chunk": kw.get("chunk", 0),
+    # ITL windows in which no step carried a prompt row: the decode-only noise floor
+    mixed_ends = np.array([r[0] for r in steps.rows if r[2] > 0])
+    clean = [v for v, (a, b) in zip(itl, windows)
+             if not ((mixed_ends > a) & (mixed_ends <= b)).any()] if len(mixed_ends) else itl
+    c50 = float(np.percentile(clean, 50)) if clean else None
+    c99 = float(np.percentile(clean, 99)) if clean else None
+    policy = engine.ctx.parts.scheduler
+    while not hasattr(policy, "prompt_chunker") and hasattr(policy, "inner"):  # under delegating wrappers
+        policy = policy.inner
+    chunker = getattr(policy, "prompt_chunker", None)
+    cost = getattr(chunker, "step_cost", None)
+    return {"workload": "smooth", "mode": mode, "budget": engine.ctx.max_num_batched_tokens,
+            "chunk": kw.get("chunk", 0), "step_cost": None if cost is None else repr(cost),
             "decoders": args.decoders, "arrival_len": args.arrival_len, "arrive_every_s": args.arrive_every,
             "itl_p50_ms": 1e3 * p50, "itl_p99_ms": 1e3 * p99, "p99_over_p50": p99 / p50,
+            "clean_itl_p50_ms": None if c50 is None else 1e3 * c50,
+            "clean_itl_p99_ms": None if c99 is None else 1e3 * c99,
+            "clean_share": len(clean) / len(itl),
             "long_prompts_arrived": n, "ttft_s": [round(t, 3) for t in ttft],
-            "ttft_median_s": statistics.median(ttft) if ttft else None}
+            "ttft_median_s": statistics.median(ttft) if ttft else None, "step_fit": fit_steps(steps, start)}
 
 
 def main(argv=None):
@@ -182,6 +255,7 @@ def main(argv=None):
     ap.add_argument("--long-len", type=int, default=32768)
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--chunk", type=int, default=0, help="prefill chunk size (0: the budget)")
+    ap.add_argument("--wavefront-chunk", type=int, default=256, help="chunk size of the wavefront smooth mode")
     ap.add_argument("--logprobs-k", type=int, default=5, help="top-k of the logprobs workload")
     ap.add_argument("--decoders", type=int, default=32)
     ap.add_argument("--arrival-len", type=int, default=16384)
@@ -189,7 +263,7 @@ def main(argv=None):
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--num-kv-blocks", type=int, default=24000)
     ap.add_argument("--decode-tokens", type=int, default=512, help="max_tokens of each decoding request")
-    ap.add_argument("--modes", nargs="+", default=["full", "chunked", "wavefront"])
+    ap.add_argument("--modes", nargs="+", default=["full", "chunked", "wavefront", "chunked-r2", "budget2048"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="prefill_bench.json")
     ap.add_argument("--device", default="cuda")
