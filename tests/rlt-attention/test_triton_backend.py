@@ -108,6 +108,67 @@ def test_default_tiles_many_tiles():
     check([(300, 200, 3), (150, 1, 1), (130, 129, 0)], "mha", seed=11)
 
 
+VARIANTS = {
+    "heads_fastest": dict(heads_fastest=True),
+    "k_natural": dict(k_natural=True),
+    "fma_scale": dict(fma_scale=True),
+    "dot_acc": dict(dot_acc=True),
+    "lazy_rescale": dict(lazy_rescale=True),
+    "one_loop": dict(one_loop=True),
+    "all": dict(heads_fastest=True, one_loop=True, k_natural=True, fma_scale=True, dot_acc=True, lazy_rescale=True),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads", ["mha", "gqa3"])
+def test_prefill_variants_match_reference(variant, dtype, heads):
+    """Every prefill kernel variant against the reference: mixed rows (decode rows, chunks with
+    history, a whole prompt) at 16x16 tiles, so both key loops run many tiles; head_dim 24 also
+    takes the masked-head-dim loads."""
+    tiles = PrefillTiles(block_m=16, block_n=16, **VARIANTS[variant])
+    for head_dim, seed in ((8, 1), (24, 2)):
+        check(MIXED_ROWS + PREFILL_ROWS, heads, dtype=dtype, head_dim=head_dim, seed=seed + len(variant),
+              prefill_tiles=tiles, fp32_prefill_tiles=tiles, decode_tiles=DecodeTiles(block_n=16))
+
+
+def test_lazy_rescale_skips_rescales_but_stays_exact():
+    """Random scores stay within the threshold of the first tile's max (the no-rescale branch for
+    most tiles); keys from position 48 on are scaled up so every later query's max jumps past it
+    mid-sequence (the rescale branch after the first tile). bf16 against the fp32 reference."""
+    from rlt.attention.gather import key_slots
+
+    pb = random_problem([(96, 96, 3)], num_heads=2, num_kv_heads=2, head_dim=16, block_size=4, num_planes=4,
+                        dtype=torch.bfloat16, seed=9, history="full")
+    k = pb.kv.k[pb.layer].view(-1, 2, 16)
+    late = key_slots(pb.kv, pb.meta, 96)[0, 48:]
+    k[late] = (k[late].float().abs() * 6.0).to(k.dtype)
+    q = pb.query.abs()
+    tiles = PrefillTiles(block_m=16, block_n=16, lazy_rescale=True, fma_scale=True, dot_acc=True)
+    want = REF.forward(q, pb.kv, pb.layer, pb.meta, pb.scale)
+    got = TritonBackend(prefill_tiles=tiles, poison_output=True).forward(q, pb.kv, pb.layer, pb.meta, pb.scale)
+    assert rel_err(got, want) < TOL[torch.bfloat16]
+    # Both branches are taken. Scores in log2 units, [query, key] per head; tile t = keys 16t..16t+15.
+    c = pb.scale * 1.4426950408889634
+    keys = k[key_slots(pb.kv, pb.meta, 96)[0]].float()  # [96, heads, d]
+    sc = torch.einsum("qhd,khd->hqk", q.float(), keys) * c
+    sc = sc.masked_fill(torch.ones(96, 96, dtype=torch.bool).triu(1), float("-inf"))
+
+    def growth(q0, t):  # most any row of query block q0..q0+15 gains in key tile t over tiles < t
+        before = sc[:, q0:q0 + 16, :16 * t].amax(-1)
+        return (sc[:, q0:q0 + 16, 16 * t:16 * t + 16].amax(-1) - before).max().item()
+
+    assert growth(16, 1) <= 8  # no rescale: query block 16..31, its second key tile
+    assert growth(48, 3) > 8  # rescale after the first tile: block 48..63 meets the scaled-up keys
+
+
+def test_lazy_rescale_is_off_for_fp32():
+    """The exact fp32 path keeps the eager rescale whatever the tiles say."""
+    tiles = PrefillTiles(lazy_rescale=True)
+    assert tiles.variant_flags(4)["LAZY_RESCALE"] is False
+    assert tiles.variant_flags(2)["LAZY_RESCALE"] is True
+
+
 def test_last_exited_reads_through_version_map():
     """Changing one history token's stamped depth changes what a deeper query reads (no copies)."""
     pb = random_problem([(12, 1, 3)], num_heads=2, num_kv_heads=2, head_dim=8, block_size=4, num_planes=4,

@@ -94,12 +94,27 @@ class DecodeTiles:
 
 @attrs.frozen
 class PrefillTiles:
-    """Prefill tile shape upper bounds: ``block_m`` query rows (tokens x packed heads), ``block_n`` keys."""
+    """Prefill tile shape upper bounds: ``block_m`` query rows (tokens x packed heads), ``block_n`` keys;
+    and the kernel variants (see :mod:`rlt.attention.backends.triton_kernels.paged_prefill`):
+    ``heads_fastest`` grid order, ``one_loop`` (one key loop: no wgmma serialization on sm_90),
+    ``k_natural`` K tile layout, ``fma_scale``, ``dot_acc``, ``lazy_rescale`` (16-bit inputs only:
+    fp32 keeps the eager rescale of the exact path)."""
 
     block_m: int = 128
     block_n: int = 128
     num_warps: int = 8
     num_stages: int = 3
+    heads_fastest: bool = False
+    k_natural: bool = False
+    fma_scale: bool = False
+    dot_acc: bool = False
+    lazy_rescale: bool = False
+    one_loop: bool = False
+
+    def variant_flags(self, elem: int) -> dict:
+        """The kernel's variant constexprs for inputs of ``elem`` bytes."""
+        return dict(HEADS_FASTEST=self.heads_fastest, K_NATURAL=self.k_natural, FMA_SCALE=self.fma_scale,
+                    DOT_ACC=self.dot_acc, LAZY_RESCALE=self.lazy_rescale and elem < 4, ONE_LOOP=self.one_loop)
 
 
 class TritonBackend(AttentionBackend):
@@ -338,11 +353,14 @@ class TritonBackend(AttentionBackend):
         block_q = block_m // gpad
         num_warps = tiles.num_warps if block_m >= 128 else min(tiles.num_warps, 4)
         n = q.shape[0]
-        grid = (n // block_q + rows, nkv)
+        blocks = n // block_q + rows
+        variant = tiles.variant_flags(elem)
+        variant["HEADS_FASTEST"] = tiles.heads_fastest and blocks <= 65535  # grid y is 16-bit
+        grid = (nkv, blocks) if variant["HEADS_FASTEST"] else (blocks, nkv)
         kernels.prefill_kernel[grid](
             q, k, v, out, *common[:-1], rows, common[-1],
             GROUP=group, GROUP_PAD=gpad, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=block_size,
             BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, LAST_EXITED=last_exited,
             SKIP_SINGLE=skip_single, PRE_RESOLVED=pre, DOT_PRECISION=precision,
-            num_warps=num_warps, num_stages=num_stages,
+            num_warps=num_warps, num_stages=num_stages, **variant,
         )
