@@ -13,7 +13,7 @@ is the median of three ``triton.testing.do_bench`` medians after a discarded war
 Every variant runs at 8K: rel. error against the torch reference (must be < 1e-2, bf16), time,
 TFLOP/s, % of the matmul rate, and what the compiled kernel is (registers, spills, shared memory,
 and whether ptxas serialised its wgmma: C7515, read from ``ptxas -v`` on the kernel's PTX when the
-Triton wheel's ptxas is present). The six fastest exact variants and the default also run at 2K
+Triton wheel's ptxas is present). The six fastest exact variants, the default and the old kernel also run at 2K
 and 32K (32K is checked against the default kernel's output: the dense reference needs 64 GiB).
 The best is the fastest exact variant at 8K; the table is printed last, with the ``PrefillTiles``
 literal to make it the default (``TritonBackend.prefill_tiles``).
@@ -49,13 +49,16 @@ from rlt.attention.backends.triton_backend import PrefillTiles, TritonBackend  #
 BEST_FLAGS = dict(heads_fastest=True, one_loop=True, fma_scale=True, dot_acc=True, lazy_rescale=True)
 
 
+#: every switch off: the kernel as it was before the switches (two key loops)
+OLD = dict(heads_fastest=False, one_loop=False, k_natural=False, fma_scale=False, dot_acc=False, lazy_rescale=False)
+
+
 def variants() -> list[tuple[str, PrefillTiles]]:
-    """(name, tiles): the current default, each switch alone, combinations, then tile shapes with
-    the combined switches."""
-    d = PrefillTiles()
-    out = [("default", d)]
+    """(name, tiles): the backend's current default, the old kernel, each switch alone on the old
+    kernel, combinations, then tile shapes with the combined switches."""
+    out = [("default", PrefillTiles()), ("old (no switches)", PrefillTiles(**OLD))]
     for flag in ("heads_fastest", "one_loop", "k_natural", "fma_scale", "dot_acc", "lazy_rescale"):
-        out.append((flag, PrefillTiles(**{flag: True})))
+        out.append((flag, PrefillTiles(**dict(OLD, **{flag: True}))))
     combos = {
         "one+hf": dict(one_loop=True, heads_fastest=True),
         "one+hf+fma+acc": dict(one_loop=True, heads_fastest=True, fma_scale=True, dot_acc=True),
@@ -63,11 +66,13 @@ def variants() -> list[tuple[str, PrefillTiles]]:
         "one+hf+fma+acc+lazy+knat": dict(BEST_FLAGS, k_natural=True),
         "hf+fma+acc+lazy (two loops)": dict(heads_fastest=True, fma_scale=True, dot_acc=True, lazy_rescale=True),
     }
-    out += [(name, PrefillTiles(**flags)) for name, flags in combos.items()]
+    out += [(name, PrefillTiles(**dict(OLD, **flags))) for name, flags in combos.items()]
     for bm, bn, w, s in ((128, 128, 8, 2), (128, 128, 8, 4), (128, 64, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3),
                          (64, 128, 4, 2), (64, 128, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (128, 32, 4, 4)):
-        out.append((f"all {bm}x{bn} w{w} s{s}", PrefillTiles(bm, bn, w, s, **BEST_FLAGS)))
-    out.append(("one+hf 128x64 w8 s3", PrefillTiles(128, 64, 8, 3, one_loop=True, heads_fastest=True)))
+        out.append((f"all {bm}x{bn} w{w} s{s}", PrefillTiles(bm, bn, w, s, **dict(OLD, **BEST_FLAGS))))
+    out.append(("one+hf+fma+acc 128x64 w8 s3",
+                PrefillTiles(128, 64, 8, 3, **dict(OLD, one_loop=True, heads_fastest=True, fma_scale=True,
+                                                   dot_acc=True))))
     return out
 
 
@@ -183,7 +188,7 @@ def main(argv=None) -> int:
     main_n, extra = sizes[0], sizes[1:]
     cand = variants()
     if args.cpu_smoke:  # interpreter: small tiles, a few variants
-        cand = [(name, attrs.evolve(t, block_m=16, block_n=16)) for name, t in cand[:1] + cand[7:10]]
+        cand = [(name, attrs.evolve(t, block_m=16, block_n=16)) for name, t in cand[:2] + cand[8:11]]
     t0 = time.time()
     rate = bench.matmul_rate()
     capture = Capture(paged_prefill.prefill_kernel)
@@ -224,9 +229,10 @@ def main(argv=None) -> int:
     run_size(main_n, [name for name, _ in cand], "reference")
     ok = [r for r in results.values() if r.get(main_n, {}).get("exact")]
     ranked = sorted(ok, key=lambda r: r[main_n]["ms"])
-    others = [r["name"] for r in ranked if r["name"] != "default"][:args.top]
+    fixed = ["default", "old (no switches)"]
+    others = [r["name"] for r in ranked if r["name"] not in fixed][:args.top]
     for n in extra:
-        run_size(n, ["default", *others], "reference" if n <= 8192 else "default")
+        run_size(n, [*fixed, *others], "reference" if n <= 8192 else "default")
 
     sdpa = None
     if not bench.smoke:
@@ -270,9 +276,11 @@ def main(argv=None) -> int:
         return 1
     b = best[main_n]
     d = results["default"].get(main_n, {})
+    o = results["old (no switches)"].get(main_n, {})
     print(f"\nBEST at {main_n}: {best['name']}: {b['ms']:.3f} ms, {b['of_matmul']:.1%} of the matmul rate "
           f"(target 60%: {'met' if b['of_matmul'] >= 0.60 else 'missed'}); default {d.get('ms', float('nan')):.3f} ms "
-          f"({d.get('of_matmul', float('nan')):.1%})")
+          f"({d.get('of_matmul', float('nan')):.1%}); old kernel {o.get('ms', float('nan')):.3f} ms "
+          f"({o.get('of_matmul', float('nan')):.1%})")
     print(f"make it the default: TritonBackend(prefill_tiles={best['tiles']})")
     print(f"wrote {args.out} ({time.time() - t0:.0f} s)")
     return 0

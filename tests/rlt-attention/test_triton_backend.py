@@ -108,7 +108,10 @@ def test_default_tiles_many_tiles():
     check([(300, 200, 3), (150, 1, 1), (130, 129, 0)], "mha", seed=11)
 
 
+#: every switch off (the kernel before the switches); each variant below is this plus its switches
+OLD = dict(heads_fastest=False, one_loop=False, k_natural=False, fma_scale=False, dot_acc=False, lazy_rescale=False)
 VARIANTS = {
+    "old": {},
     "heads_fastest": dict(heads_fastest=True),
     "k_natural": dict(k_natural=True),
     "fma_scale": dict(fma_scale=True),
@@ -126,7 +129,7 @@ def test_prefill_variants_match_reference(variant, dtype, heads):
     """Every prefill kernel variant against the reference: mixed rows (decode rows, chunks with
     history, a whole prompt) at 16x16 tiles, so both key loops run many tiles; head_dim 24 also
     takes the masked-head-dim loads."""
-    tiles = PrefillTiles(block_m=16, block_n=16, **VARIANTS[variant])
+    tiles = PrefillTiles(block_m=16, block_n=16, **dict(OLD, **VARIANTS[variant]))
     for head_dim, seed in ((8, 1), (24, 2)):
         check(MIXED_ROWS + PREFILL_ROWS, heads, dtype=dtype, head_dim=head_dim, seed=seed + len(variant),
               prefill_tiles=tiles, fp32_prefill_tiles=tiles, decode_tiles=DecodeTiles(block_n=16))
