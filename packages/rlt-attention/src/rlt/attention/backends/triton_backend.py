@@ -104,12 +104,16 @@ class PrefillTiles:
     block_n: int = 128
     num_warps: int = 8
     num_stages: int = 3
-    heads_fastest: bool = False
+    # Defaults: one key loop (no ptxas wgmma serialisation on sm_90), heads-fastest grid (global
+    # longest-first order), the scale folded into the exponent, PV accumulated in the MMA. Chosen
+    # from sm_90 SASS and reasoning before an H200 sweep (benchmarks/prefill_kernel_sweep.py);
+    # revert this commit to return to the old kernel.
+    heads_fastest: bool = True
     k_natural: bool = False
-    fma_scale: bool = False
-    dot_acc: bool = False
+    fma_scale: bool = True
+    dot_acc: bool = True
     lazy_rescale: bool = False
-    one_loop: bool = False
+    one_loop: bool = True
 
     def variant_flags(self, elem: int) -> dict:
         """The kernel's variant constexprs for inputs of ``elem`` bytes."""
