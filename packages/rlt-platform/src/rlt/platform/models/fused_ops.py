@@ -66,25 +66,29 @@ if triton is not None:
 
 
     @triton.jit
-    def _rope_kernel(QKV, COS, SIN, stride_tok, stride_cs, n_heads, HEAD_DIM: tl.constexpr, HALF: tl.constexpr):
+    def _rope_kernel(QKV, COS, SIN, stride_tok, stride_cs, n_heads, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+                     HEADS: tl.constexpr):
+        # One token per program, all its rotated heads at once: cos/sin are read once per token,
+        # and a long prompt launches N programs, not N x heads single-warp ones.
         tok = tl.program_id(0)
-        head = tl.program_id(1)
         offs = tl.arange(0, HALF)
-        base = QKV + tok * stride_tok + head * HEAD_DIM
-        x1 = tl.load(base + offs)
-        x2 = tl.load(base + HALF + offs)
+        heads = tl.arange(0, HEADS)
+        mask = (heads < n_heads)[:, None]
+        base = QKV + tok * stride_tok + heads[:, None] * HEAD_DIM + offs[None, :]
+        x1 = tl.load(base, mask=mask)
+        x2 = tl.load(base + HALF, mask=mask)
         dt = x1.dtype
-        c1 = tl.load(COS + tok * stride_cs + offs).to(tl.float32)
-        c2 = tl.load(COS + tok * stride_cs + HALF + offs).to(tl.float32)
-        s1 = tl.load(SIN + tok * stride_cs + offs).to(tl.float32)
-        s2 = tl.load(SIN + tok * stride_cs + HALF + offs).to(tl.float32)
+        c1 = tl.load(COS + tok * stride_cs + offs).to(tl.float32)[None, :]
+        c2 = tl.load(COS + tok * stride_cs + HALF + offs).to(tl.float32)[None, :]
+        s1 = tl.load(SIN + tok * stride_cs + offs).to(tl.float32)[None, :]
+        s2 = tl.load(SIN + tok * stride_cs + HALF + offs).to(tl.float32)[None, :]
         # x * cos + rotate_half(x) * sin, rotate_half([x1, x2]) = [-x2, x1]; each product rounded
         a1 = (x1.to(tl.float32) * c1).to(dt).to(tl.float32)
         b1 = ((-x2.to(tl.float32)) * s1).to(dt).to(tl.float32)
         a2 = (x2.to(tl.float32) * c2).to(dt).to(tl.float32)
         b2 = (x1.to(tl.float32) * s2).to(dt).to(tl.float32)
-        tl.store(base + offs, (a1 + b1).to(dt))
-        tl.store(base + HALF + offs, (a2 + b2).to(dt))
+        tl.store(base, (a1 + b1).to(dt), mask=mask)
+        tl.store(base + HALF, (a2 + b2).to(dt), mask=mask)
 
     @triton.jit
     def _silu_mul_kernel(GU, OUT, stride_gu, stride_out, n_cols, BLOCK: tl.constexpr, ACCURATE_EXP: tl.constexpr):
@@ -139,9 +143,11 @@ def rope_qk_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_q_head
     if use_triton is None:
         use_triton = triton_usable(qkv)
     if use_triton and n and qkv.stride(-1) == 1 and (head_dim & (head_dim - 1)) == 0:
-        _rope_kernel[(n, num_q_heads + num_kv_heads)](
-            qkv, cos, sin, qkv.stride(0), cos.stride(0), num_q_heads + num_kv_heads,
-            HEAD_DIM=head_dim, HALF=head_dim // 2, num_warps=1)
+        heads = num_q_heads + num_kv_heads
+        _rope_kernel[(n,)](
+            qkv, cos, sin, qkv.stride(0), cos.stride(0), heads,
+            HEAD_DIM=head_dim, HALF=head_dim // 2, HEADS=triton.next_power_of_2(heads),
+            num_warps=min(8, max(1, heads * head_dim // 1024)))
         q = qkv[:, :qd].view(n, num_q_heads, head_dim)
         k = qkv[:, qd:qd + kd].view(n, num_kv_heads, head_dim)
     else:
