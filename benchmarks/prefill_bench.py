@@ -6,6 +6,9 @@ Workloads (``--workload``, several allowed):
   tok/s = prompt tokens / time to first token (one warm-up, median of ``--reps``). Default path:
   adaptive exit allowed, rlt-prefill's features at their defaults (packed_prefill puts prompt rows
   on FA4 when it imports).
+- ``profile``: one ``--prompt-len`` prefill of the ``single`` engine under the torch profiler (after
+  a warm-up prefill): wall time, device busy time, and device time by kernel and by kind (GEMM,
+  attention, rope, norms, SwiGLU, KV write, other): where the prefill's time goes besides attention.
 - ``long``: one ``--long-len`` (32768) prompt under a ``--budget`` (2048) step budget: served?, TTFT.
 - ``logprobs``: the ``long`` prompt with ``prompt_logprobs`` (``--logprobs-k``): its peak device
   memory above the same prompt without them, against the stated bound (four LM-head slices of
@@ -130,6 +133,41 @@ def single(model, args):
     return {"workload": "single", "prompt_len": args.prompt_len, "tok_per_s": args.prompt_len / t,
             "ttft_s": t, "attention": engine.ctx.parts.executor.attention.describe(),
             "selection": engine.selection.name}
+
+
+_KINDS = (("gemm", ("nvjet", "gemm", "Gemm", "xmma", "cutlass")), ("attention", ("flash", "Flash", "prefill_kernel",
+          "decode")), ("rope", ("_rope_kernel",)), ("norms", ("_add_norm_norm_kernel", "reduce_kernel", "rsqrt")),
+          ("swiglu", ("_silu_mul_kernel",)), ("kv_write", ("write_kv_kernel",)))
+
+
+def profile(model, args):
+    """Where one prefill's device time goes (see the module docstring)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    from benchmarks.profile_step import _is_device_event, _union_us
+
+    engine = _engine(model, max_num_seqs=4)
+    _ttft(engine, "warm", _ids(args.prompt_len, 0))
+    cuda = torch.cuda.is_available()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=acts) as prof:
+        wall = _ttft(engine, "prof", _ids(args.prompt_len, 1))
+    kernels = [e for e in prof.events() if _is_device_event(e)]
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + (e.time_range.end - e.time_range.start)
+    kinds = {k: 0.0 for k, _ in _KINDS} | {"other": 0.0}
+    for name, us in by_name.items():
+        kind = next((k for k, keys in _KINDS if any(x in name for x in keys)), "other")
+        kinds[kind] += us
+    busy = _union_us([(e.time_range.start, e.time_range.end) for e in kernels])
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
+    return {"workload": "profile", "prompt_len": args.prompt_len, "wall_ms_profiled": wall * 1e3,
+            "device_busy_ms": busy / 1e3, "device_kernel_ms": sum(by_name.values()) / 1e3,
+            "kernels": len(kernels), "ms_by_kind": {k: round(v / 1e3, 3) for k, v in kinds.items()},
+            "top_kernels_ms": [(n[:90], round(us / 1e3, 3)) for n, us in top],
+            "attention": engine.ctx.parts.executor.attention.describe()}
 
 
 def long(model, args):
@@ -281,6 +319,7 @@ def main(argv=None):
     results = []
     for w in args.workload:
         for r in ([single(model, args)] if w == "single" else [long(model, args)] if w == "long"
+                  else [profile(model, args)] if w == "profile"
                   else [logprobs(model, args)] if w == "logprobs"
                   else [smooth(model, args, m) for m in args.modes]):
             print(json.dumps(r), flush=True)

@@ -8,8 +8,12 @@
 # Steps (STEPS, default "tests prefill kvcache spec"):
 #   tests    pytest -m gpu of tests/gpu/test_{prefill,kvcache,spec}_gpu.py (FEATURE_TESTS to change);
 #   prefill  benchmarks/prefill_bench.py: single 8K prefill (default path; packed_prefill puts
-#            prompt rows on FA4 when it imports), one 32K prompt under a 2,048 budget, its prompt
-#            logprobs' peak memory (issue 16), ITL p50/p99 of 32 decoders under 16K arrivals;
+#            prompt rows on FA4 when it imports), its kernel-time profile, one 32K prompt under a
+#            2,048 budget, its prompt logprobs' peak memory (issue 16), ITL p50/p99 of 32 decoders
+#            under 16K arrivals (full / chunked / wavefront / chunked-r2 / budget2048, step-time fit);
+#   prefillkernel  benchmarks/prefill_kernel_sweep.py: Triton paged-prefill variants at 8K/2K/32K
+#            against the torch reference, % of the matmul rate, the best config (not in the default
+#            STEPS: run it on its own, about 5 minutes);
 #   kvcache  benchmarks/kvcache_bench.py (issue 12's (a) (b) (c));
 #   spec     benchmarks/spec_bench.py at C=1 (issue 13's speed row).
 set -uo pipefail
@@ -39,9 +43,15 @@ fi
 if step prefill; then
   mkdir -p "$OUT/prefill"
   # shellcheck disable=SC2086
-  timeout ${PREFILL_TIMEOUT:-330} $PY -m benchmarks.prefill_bench --workload ${PREFILL_WORKLOADS:-single long logprobs smooth} \
+  timeout ${PREFILL_TIMEOUT:-480} $PY -m benchmarks.prefill_bench --workload ${PREFILL_WORKLOADS:-single profile long logprobs smooth} \
     --duration ${SMOOTH_SECONDS:-15} --out "$OUT/prefill/prefill_bench.json" > "$OUT/prefill/log.txt" 2>&1 || rc=1
   grep '^{' "$OUT/prefill/log.txt" | cut -c1-400; tail -3 "$OUT/prefill/log.txt"
+fi
+if step prefillkernel; then
+  mkdir -p "$OUT/prefillkernel"
+  timeout ${KERNEL_TIMEOUT:-480} $PY benchmarks/prefill_kernel_sweep.py --out "$OUT/prefillkernel/prefill_kernel_sweep.json" \
+    > "$OUT/prefillkernel/log.txt" 2>&1 || rc=1
+  tail -45 "$OUT/prefillkernel/log.txt"
 fi
 if step kvcache; then
   # shellcheck disable=SC2086
