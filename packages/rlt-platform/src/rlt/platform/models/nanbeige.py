@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from rlt.attention import AttentionBackend, AttentionMetadata, KVCache
 from rlt.platform.errors import CheckpointError
 from rlt.platform.models.base import ModelFamily
-from rlt.platform.models.fused_ops import silu_mul
+from rlt.platform.models.fused_linear import linear_silu_mul
 from rlt.platform.models.layers import rms_norm
 from rlt.platform.models.stack import ConfigReader, StackConfig, StackModel, llama_layer_weights, tied_head_optional
 
@@ -74,7 +74,7 @@ class NanbeigeModel(StackModel):
         for idx, layer in enumerate(self.layers):
             n = layer.norms
             h = h + self.attend(idx, layer, rms_norm(h, n["input_layernorm"], eps), rope, kv, attention, meta)
-            act = silu_mul(F.linear(rms_norm(h, n["post_attention_layernorm"], eps), layer.gate_up))
+            act = linear_silu_mul(rms_norm(h, n["post_attention_layernorm"], eps), layer.gate_up)
             h = h + F.linear(act, layer.down)
         return h if self.cfg.skip_loop_final_norm else rms_norm(h, self.norm, eps)
 
