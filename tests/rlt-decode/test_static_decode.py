@@ -108,3 +108,12 @@ def test_bad_bucket_option_is_a_clear_error(tiny_checkpoint):
     engine = build_engine(EngineConfig(model=str(tiny_checkpoint(seed=1)), dtype="float32", max_num_seqs=8),
                           options={"static_buffers": StaticBufferOptions(row_buckets="2,5,99")})
     assert engine.describe()["executor"]["row_buckets"] == [2, 5, 8]
+
+
+def test_context_buckets_are_every_bucket_a_step_can_get():
+    from rlt.decode.batch import context_bucket, context_buckets
+
+    for limit in (100, 256, 2048, 3000):
+        buckets = context_buckets(limit)
+        assert list(buckets) == sorted(set(buckets)) and buckets[-1] == limit
+        assert {context_bucket(n, limit) for n in range(1, limit + 1)} == set(buckets)

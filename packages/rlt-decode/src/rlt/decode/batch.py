@@ -56,6 +56,14 @@ def context_bucket(max_seq_len: int, limit: int, smallest: int = 256) -> int:
     return min(b, limit)
 
 
+def context_buckets(limit: int, smallest: int = 256) -> tuple[int, ...]:
+    """Every value :func:`context_bucket` can return for contexts up to ``limit``, ascending."""
+    out = [min(smallest, limit)]
+    while out[-1] < limit:
+        out.append(min(out[-1] * 2, limit))
+    return tuple(out)
+
+
 @attrs.frozen(eq=False)
 class DecodeFields:
     """Device views of one bucket's rows (``[B]`` each)."""

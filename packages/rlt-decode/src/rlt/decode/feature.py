@@ -46,9 +46,12 @@ class StaticBufferOptions:
 
 @attrs.frozen
 class GraphOptions:
-    max_graphs: int = attrs.field(default=64, metadata={"help": "most captured decode graphs (default 64)"})
+    max_graphs: int = attrs.field(default=128, metadata={"help": "most captured decode graphs (default 128)"})
     memory_mib: float = attrs.field(default=4096.0, metadata={
         "help": "graph memory budget in MiB; past it new shapes run eagerly (default 4096)"})
+    capture_at_startup: bool = attrs.field(default=True, metadata={
+        "help": "capture every (row bucket, context bucket) decode graph when the engine starts, smallest "
+                "contexts first, within the count and memory limits (default on; off: on each shape's first step)"})
 
 
 @attrs.frozen
@@ -64,7 +67,7 @@ class PipelineOptions:
 
 
 def _install_static(builder, options: StaticBufferOptions) -> None:
-    from rlt.decode.batch import StaticBatchBuilder
+    from rlt.decode.batch import StaticBatchBuilder, context_buckets
     from rlt.decode.executor import StaticDecodeExecutor
 
     state = {}
@@ -86,10 +89,13 @@ def _install_static(builder, options: StaticBufferOptions) -> None:
         else:
             reason = ""
         b = state["builder"]
-        return StaticDecodeExecutor(
+        ex = StaticDecodeExecutor(
             inner, ctx=ctx, buffers=b.buffers, row_buckets=b.row_buckets, use_graphs=not reason,
             max_graphs=graphs.max_graphs if graphs else 0, graph_memory_mib=graphs.memory_mib if graphs else None,
             graphs_off_reason=reason, ring_size=_ring_size(ctx))
+        if graphs is not None and graphs.capture_at_startup:
+            ex.capture_startup(context_buckets(ctx.max_model_len))
+        return ex
 
     builder.wrap("batch_builder", batch_builder)
     builder.wrap("executor", executor)
