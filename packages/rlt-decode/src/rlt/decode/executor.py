@@ -221,4 +221,6 @@ class StaticDecodeExecutor(Wrapped):
             "graphs_captured_at_startup": self.startup_graphs, "startup_capture_seconds": round(self.startup_seconds, 3),
             "steps": dict(self.stats), "eager_fallbacks": dict(self.fallbacks),
             "pipeline": self.pipeline.describe(),
+            "step_metadata": {"moved_by": "mapped-memory kernel (UVA)" if self.buffers.mapped else "copy",
+                              "mapped_uploads": self.buffers.num_mapped, "copied_uploads": self.buffers.num_copied},
         }

@@ -16,6 +16,7 @@ runs (tokens are read ``depth`` steps late), which is what CI tests.
 from __future__ import annotations
 
 import logging
+import os
 
 import attrs
 
@@ -76,7 +77,7 @@ def _install_static(builder, options: StaticBufferOptions) -> None:
         state["builder"] = StaticBatchBuilder(
             inner, kv=ctx.parts.kv_manager, slots=ctx.parts.slots, layout=ctx.kv.layout, device=ctx.device,
             max_num_seqs=ctx.max_num_seqs, max_model_len=ctx.max_model_len, row_buckets=options.row_buckets,
-            pipelined="pipeline" in ctx.feature_options)
+            pipelined="pipeline" in ctx.feature_options, mapped=ctx.uva.enabled and _kernels_run_on(ctx.device))
         return state["builder"]
 
     def executor(ctx, inner):
@@ -99,6 +100,11 @@ def _install_static(builder, options: StaticBufferOptions) -> None:
 
     builder.wrap("batch_builder", batch_builder)
     builder.wrap("executor", executor)
+
+
+def _kernels_run_on(device) -> bool:
+    """Triton kernels run on this device (a GPU; the interpreter in tests)."""
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _install_graphs(builder, options: GraphOptions) -> None:
