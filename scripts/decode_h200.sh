@@ -11,7 +11,9 @@
 # RLT_UVA=0, instead of read by the mapped-memory kernel), BENCH_ARGS (e.g. --no-sync-steps: no device
 # synchronise after each step, which a pipelined loop needs to overlap), KERNELS=1 (first the kernel
 # micro-benchmarks, benchmarks/decode_kernels.py, with KERNEL_ARGS), PROFILE="c=1,in=1024 ..." (a
-# torch-profiler kernel table of the base engine's decode steps, same kernels as the static path)
+# torch-profiler kernel table of decode steps; PROFILE_ARGS e.g. "--feature-module rlt.decode.feature
+# --disable-feature graphs --disable-feature pipeline": the static path run eagerly, kernels visible),
+# ONLY_WORKLOADS (replaces the workload list)
 set -uo pipefail
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -30,6 +32,7 @@ fi
 WORKLOADS=(--workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k
            --workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k
            ${EXTRA_WORKLOADS:-})
+[ -n "${ONLY_WORKLOADS:-}" ] && WORKLOADS=($ONLY_WORKLOADS)   # replaces the list above
 for variant in ${VARIANTS:-base decode}; do
   extra=()
   fused=1
@@ -48,6 +51,6 @@ done
 if [ -n "${PROFILE:-}" ]; then
   args=(); for p in $PROFILE; do args+=(--profile "$p"); done
   timeout ${PROFILE_TIMEOUT:-150} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
-    --work-dir /tmp/rlt-bench --out-dir "$OUT/profile" "${args[@]}" > "$OUT/profile.log" 2>&1
+    --work-dir /tmp/rlt-bench --out-dir "$OUT/profile" ${PROFILE_ARGS:-} "${args[@]}" > "$OUT/profile.log" 2>&1
   grep -A 16 "Largest kernels" "$OUT/profile/profile_summary.md" | head -60 || tail -20 "$OUT/profile.log"
 fi

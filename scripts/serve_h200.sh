@@ -3,7 +3,8 @@
 # a random-weight Ouro-1.4B-shapes checkpoint (bf16, benchmarks/bench_model.py's writer), `rlt-server serve`
 # on loopback (Triton attention, rlt-decode features on), benchmarks/serve_bench.py at C=1, 64, 128 with
 # ~1K-token prompts / 128 output tokens (requests = C, C=1: 2), then the server stopped and
-# benchmarks/offline_bench.py on the same workloads, and a comparison table in $OUT/comparison.md.
+# benchmarks/offline_bench.py on the same workloads with the server's engine settings (rlt-decode's
+# features, the default step budget of 8,192 tokens), and a comparison table in $OUT/comparison.md.
 #
 #   OUT=benchmarks/results/<dir> bash scripts/serve_h200.sh            # on the H200 (wheels: .whl/serve)
 #   OUT=/tmp/sh PRESET=cpu-tiny PYTHON=python bash scripts/serve_h200.sh  # the logic on CPU, demo-sized model
@@ -54,7 +55,7 @@ for c in $CONCS; do
 done
 stop_server
 timeout ${OFFLINE_TIMEOUT:-240} $PY -m benchmarks.offline_bench --model "$CK" --dtype "$DTYPE" --attention-backend "$ATTN" \
-  --out-dir "$OUT/offline" --reps 3 --warmup-output-len 4 "${OFFLINE_FEATURES[@]}" "${WL[@]}" > "$OUT/offline.log" 2>&1 \
+  --out-dir "$OUT/offline" --reps 3 --warmup-output-len 4 --max-num-batched-tokens 8192 "${OFFLINE_FEATURES[@]}" "${WL[@]}" > "$OUT/offline.log" 2>&1 \
   || echo "offline_bench failed (see offline.log)"
 $PY - "$OUT" $CONCS <<'PY'
 import json, sys
