@@ -75,3 +75,16 @@ def test_dispatch_is_decided_by_shape_and_device():
         assert not fused_linear.small_m_usable(x.to(torch.float16), w, 64)  # mixed dtypes
     finally:
         del os.environ["TRITON_INTERPRET"]
+
+
+def test_tiles_fit_shared_memory_in_every_dtype():
+    """The H200 run of 2026-12-04 found fp32 at the bf16 tiles needing 240 KB of shared memory."""
+    for m in (1, 16, 17, 64, 128):
+        for kind in ("rope_kv", "silu_mul"):
+            for elem in (2, 4):
+                for k in (64, 1024, 2048, 5632):
+                    t = fused_linear._fit(fused_linear._tiles(m, kind), k, elem)
+                    assert t.num_stages * (t.block_m + 2 * t.block_n) * t.block_k * elem <= fused_linear.SHARED_MEMORY_BYTES
+                    assert t.block_k <= max(16, 1 << (k - 1).bit_length())
+    # bf16 keeps the swept tiles
+    assert fused_linear._fit(fused_linear._tiles(1, "rope_kv"), 2048, 2) == fused_linear._tiles(1, "rope_kv")

@@ -184,8 +184,22 @@ def _tiles(m: int, kind: str) -> Tiles:
     return Tiles(64, 32, 128, 4, 4 if kind == "rope_kv" else 3)
 
 
-def _fit(tiles: Tiles, k: int) -> Tiles:
-    return tiles._replace(block_k=min(tiles.block_k, max(16, triton.next_power_of_2(k))))
+#: Shared memory a program's pipeline buffers may use (H100/H200 allow 227 KiB; keep headroom).
+SHARED_MEMORY_BYTES = 200 * 1024
+
+
+def _fit(tiles: Tiles, k: int, elem: int) -> Tiles:
+    """``tiles`` with the K tile no wider than K and the stage buffers (x tile + two weight tiles
+    per stage, ``elem`` bytes each) inside shared memory: fp32 halves what bf16 fits."""
+    t = tiles._replace(block_k=min(tiles.block_k, max(16, triton.next_power_of_2(k))))
+    while t.num_stages * (t.block_m + 2 * t.block_n) * t.block_k * elem > SHARED_MEMORY_BYTES:
+        if t.block_k > 64:
+            t = t._replace(block_k=t.block_k // 2)
+        elif t.num_stages > 2:
+            t = t._replace(num_stages=t.num_stages - 1)
+        else:
+            break
+    return t
 
 
 def _precision(x: torch.Tensor) -> str:
@@ -199,7 +213,7 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None 
     m, k = x.shape
     inter = gate_up.shape[0] // 2
     out = torch.empty((m, inter), dtype=x.dtype, device=x.device)
-    bm, bn, bk, warps, stages = _fit(tiles or _tiles(m, "silu_mul"), k)
+    bm, bn, bk, warps, stages = _fit(tiles or _tiles(m, "silu_mul"), k, x.element_size())
     _linear_silu_mul_kernel[(triton.cdiv(inter, bn), triton.cdiv(m, bm))](
         x, gate_up, out, m, inter, k, x.stride(0), gate_up.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0, PRECISION=_precision(x),
@@ -222,7 +236,7 @@ def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor,
     m, kdim = x.shape
     heads = num_q_heads + 2 * num_kv_heads
     out = torch.empty((m, heads * head_dim), dtype=x.dtype, device=x.device)
-    bm, bn, bk, warps, stages = _fit(tiles or _tiles(m, "rope_kv"), kdim)
+    bm, bn, bk, warps, stages = _fit(tiles or _tiles(m, "rope_kv"), kdim, x.element_size())
     bn = min(bn, half)
     write = kv_store is not None and cos.stride(-1) == 1 and sin.stride(0) == cos.stride(0)
     k_cache, v_cache, slots = kv_store if write else (out, out, out)
