@@ -3,9 +3,10 @@
 Reads ``config.json`` (``model_type`` picks the family; ``dtype`` or ``torch_dtype`` accepted;
 ``auto_map`` ignored — rlt never runs checkpoint code), then ``model.safetensors`` or the shards
 listed in ``model.safetensors.index.json``, with a strict key and shape check whose error names the
-missing and unexpected keys (a family may declare optional weights it never reads, such as a tied
-head or a stored RoPE table: shape-checked when present, then dropped). Weights are cast to the requested dtype (float32 / bfloat16 /
-float16) on the target device.
+missing and unexpected keys (a family may declare optional weights, such as a tied head or a stored
+RoPE table: shape-checked when present, then dropped unless the family reads them — those it reads
+stay float32). Weights are cast to the requested dtype (float32 / bfloat16 / float16) on the target
+device.
 """
 
 from __future__ import annotations
@@ -109,6 +110,8 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype, device: torch.devic
                         continue
                     if key in expected:
                         weights[key] = f.get_tensor(key).to(device=device, dtype=dtype)
+                    elif key in family.optional_read:
+                        weights[key] = f.get_tensor(key).to(device=device, dtype=torch.float32)
         except CheckpointError:
             raise
         except Exception as exc:  # safetensors raises its own error types on corrupt files

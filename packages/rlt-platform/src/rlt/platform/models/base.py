@@ -131,6 +131,9 @@ class ModelFamily:
     #: Weights a checkpoint may carry that are not read (a tied head, a stored RoPE table), name ->
     #: shape: shape-checked when present, never required.
     optional_weights: Callable[[Any], dict[str, tuple[int, ...]]] = _no_optional_weights
+    #: Optional weights the model reads when the checkpoint has them (Huginn's stored RoPE table),
+    #: loaded in float32 whatever the serving dtype; the others are dropped after the shape check.
+    optional_read: tuple[str, ...] = ()
     #: Why the engine cannot serve this family yet (None: it can).
     engine_unsupported: str | None = None
 
