@@ -179,7 +179,7 @@ def test_transformers5_rope_parameters(tmp_path):
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "RoPE type 'yarn' is not supported"),
     ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}, "RoPE type 'linear'"),
     ({"rope_scaling": "fast"}, "rope_scaling must be an object or null"),
-    ({"use_sliding_window": True}, "sliding-window attention"),
+    ({"use_sliding_window": True, "max_window_layers": 1}, "sliding-window attention"),
     ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding-window attention"),
 ])
 def test_unsupported_config_variants_are_refused(tmp_path, changes, message):
