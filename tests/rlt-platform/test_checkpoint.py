@@ -129,6 +129,26 @@ def test_ouro_chat_stop_tokens(tiny_checkpoint):
     assert eng.eos_token_ids == {0, 2}
 
 
+def test_generation_config_eos_is_a_stop_id(tmp_path):
+    """HF generate stops on generation_config.json's eos_token_id: declare the first greedy token there."""
+    from rlt.platform.models.ouro_reference import reference_generate
+
+    path = write_tiny_checkpoint(tmp_path / "gen", seed=13)
+    ck = load_checkpoint(path, dtype=torch.float32)
+    first = reference_generate(ck.family.build_reference(ck.config, ck.weights), [5, 6, 7], max_tokens=1)[0][0]
+    assert first not in (0, 2)  # not already a stop id of the family
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [first, 0]}))
+    eng = LLMEngine(EngineConfig(model=str(path), dtype="float32"))
+    assert eng.eos_token_ids == {0, 2, first}
+    eng.add_request("g", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0.0))
+    while eng.has_unfinished_requests():
+        outs = [o for o in eng.step() if o.finished]
+    assert list(outs[0].token_ids) == [first] and outs[0].finish_reason == "stop"
+    (path / "generation_config.json").write_text("[1]")
+    with pytest.raises(CheckpointError, match="generation_config.json must hold a JSON object"):
+        load_checkpoint(path, dtype=torch.float32)
+
+
 def test_tied_embeddings_with_and_without_stored_head(tmp_path):
     from rlt.platform.models.ouro_reference import reference_generate
 

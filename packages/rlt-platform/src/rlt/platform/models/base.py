@@ -137,9 +137,12 @@ class ModelFamily:
     #: Why the engine cannot serve this family yet (None: it can).
     engine_unsupported: str | None = None
 
-    def stop_token_ids(self, config: Any, tokenizer: Any) -> tuple[int, ...]:
-        """The stop ids of a checkpoint: its config and tokenizer (``token_to_id(str) -> int | None``)."""
+    def stop_token_ids(self, config: Any, tokenizer: Any, generation: dict | None = None) -> tuple[int, ...]:
+        """The stop ids of a checkpoint: its config, tokenizer (``token_to_id(str) -> int | None``) and
+        ``generation_config.json`` (``generation``), whose ``eos_token_id`` HF ``generate`` stops on."""
         ids = [i for i in (tokenizer.token_to_id(t) for t in self.stop_tokens) if i is not None]
         eos = getattr(config, "eos_token_id", None) if self.config_eos_stops else None
         ids += [eos] if isinstance(eos, int) else list(eos or ())
+        gen_eos = (generation or {}).get("eos_token_id")
+        ids += [gen_eos] if isinstance(gen_eos, int) else [i for i in (gen_eos or ()) if isinstance(i, int)]
         return tuple(dict.fromkeys(ids)) or self.default_stop_token_ids
