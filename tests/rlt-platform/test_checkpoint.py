@@ -207,3 +207,17 @@ def test_unsupported_config_variants_are_refused(tmp_path, changes, message):
     _rewrite_config(path, **changes)
     with pytest.raises(CheckpointError, match=message):
         load_checkpoint(path, dtype=torch.float32)
+
+
+def test_chat_template_environment_is_hugging_faces(tmp_path):
+    """tojson as HF overrides it (no HTML escaping, keys in order, indent), strftime_now, the special tokens."""
+    path = write_tiny_checkpoint(tmp_path / "tpl", seed=14)
+    cfg_path = path / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = ("{{ messages[0]['content'] | tojson }}|{{ messages[0] | tojson(indent=1) }}|"
+                            "{{ strftime_now('%Y') | length }}|{{ pad_token }}|{{ tools is none }}")
+    cfg_path.write_text(json.dumps(cfg))
+    tok = RltTokenizer.from_dir(path)
+    msg = {"role": "user", "content": "<a & b> é"}
+    text = tok.apply_chat_template([msg], add_generation_prompt=False)
+    assert text == '"<a & b> é"|' + json.dumps(msg, ensure_ascii=False, indent=1) + "|4|<|endoftext|>|True"
