@@ -10,9 +10,9 @@ does ship is the Llama decoder, and both whole-stack families are built from it:
   every loop (once after the last with ``skip_loop_final_norm``), each loop on its own KV slots.
 * **Ouro**: ``LlamaAttention`` / ``LlamaMLP`` / ``LlamaRMSNorm`` wired as the public
   ``OuroDecoderLayer`` (norm after each sublayer, then the residual add), the shared final norm
-  after every loop, and ``OuroForCausalLM.forward``'s default read-out: the LM head reads the loop
-  whose exit CDF (cumsum of the gate's pdf, the last loop taking the remaining mass) first reaches
-  ``early_exit_threshold`` (1.0).
+  after every loop, and ``OuroForCausalLM.forward``'s default read-out: loop ``early_exit_step``
+  when the config sets one (every loop still computed), else the loop whose exit CDF (cumsum of the
+  gate's pdf, the last loop taking the remaining mass) first reaches ``early_exit_threshold`` (1.0).
 
 RoPE, GQA head mapping, eager attention and RMSNorm rounding are transformers' own, so a
 convention error in rlt (rotation layout, θ, KV head order, norm order, eps) shows up as different
@@ -88,7 +88,7 @@ class _Ouro(nn.Module):
         self.model.early_exit_gate = nn.Linear(cfg.hidden_size, 1)
         self.model.rotary_emb = llama.LlamaRotaryEmbedding(config)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.loops, self.threshold = cfg.total_ut_steps, cfg.early_exit_threshold
+        self.loops, self.threshold, self.exit_at = cfg.total_ut_steps, cfg.early_exit_threshold, cfg.early_exit_step
 
     def last_logits(self, ids: list[int]) -> tuple[torch.Tensor, int]:
         """Logits of the last position and the loop OuroForCausalLM's default forward reads them from."""
@@ -103,6 +103,8 @@ class _Ouro(nn.Module):
             h = self.model.norm(h)
             states.append(h)
             gates.append(self.model.early_exit_gate(h))
+        if self.exit_at is not None and 0 <= self.exit_at < self.loops:  # config.early_exit_step wins
+            return self.lm_head(states[self.exit_at][0, -1]), self.exit_at
         pdf, remaining = [], torch.ones_like(gates[0].squeeze(-1))
         for i, g in enumerate(gates):
             lam = torch.sigmoid(g.squeeze(-1))
@@ -152,6 +154,7 @@ def _engine_greedy(path) -> list[list[int]]:
     {},  # GQA 4/2, head_dim 8
     {"num_key_value_heads": 1, "rope_theta": 1e6, "rms_norm_eps": 1e-5, "total_ut_steps": 3},
     {"num_key_value_heads": 4, "head_dim": 16, "tie_word_embeddings": True},  # q dim 64 != hidden 32
+    {"early_exit_step": 1},  # HF computes all four loops and reads loop 1
 ])
 @torch.inference_mode()
 def test_ouro_equals_transformers_llama_parts(tmp_path, overrides):
@@ -172,8 +175,8 @@ def test_ouro_equals_transformers_llama_parts(tmp_path, overrides):
         return out
 
     want = [_greedy(logits, p) for p in PROMPTS]
-    # these gates never saturate, so HF's default read-out is the last loop — the depth rlt reads
-    assert set(steps) == {ck.config.total_ut_steps - 1}
+    # these gates never saturate, so HF's default read-out is the last loop rlt runs (or early_exit_step)
+    assert set(steps) == {ck.config.default_loops - 1}
     assert _engine_greedy(path) == want
 
 

@@ -149,6 +149,19 @@ def test_generation_config_eos_is_a_stop_id(tmp_path):
         load_checkpoint(path, dtype=torch.float32)
 
 
+def test_early_exit_step_is_that_many_loops(tmp_path):
+    """OuroForCausalLM reads loop ``early_exit_step`` (config) for the head while computing all loops; loops
+    past k never feed loops <= k, so it is k + 1 loops: the same tokens as total_ut_steps = k + 1."""
+    forced = write_tiny_checkpoint(tmp_path / "forced", seed=15, early_exit_step=1)
+    short = write_tiny_checkpoint(tmp_path / "short", seed=15, total_ut_steps=2)
+    full = write_tiny_checkpoint(tmp_path / "full", seed=15)
+    assert LLMEngine(EngineConfig(model=str(forced), dtype="float32")).num_loops == 2
+    assert _greedy(forced, dtype="float32") == _greedy(short, dtype="float32") != _greedy(full, dtype="float32")
+    # out of range: OuroForCausalLM ignores it
+    out_of_range = write_tiny_checkpoint(tmp_path / "oor", seed=15, early_exit_step=4)
+    assert _greedy(out_of_range, dtype="float32") == _greedy(full, dtype="float32")
+
+
 def test_tied_embeddings_with_and_without_stored_head(tmp_path):
     from rlt.platform.models.ouro_reference import reference_generate
 

@@ -32,6 +32,17 @@ from rlt.platform.models.stack import ConfigReader, StackConfig, StackModel, lla
 class OuroConfig(StackConfig):
     total_ut_steps: int
     early_exit_threshold: float
+    #: ``early_exit_step`` k (read by OuroForCausalLM when in [0, total_ut_steps)): its default
+    #: forward feeds the head loop k's state. Loops past k never reach loops <= k of any token, so
+    #: that is exactly k + 1 loops: :attr:`default_loops`.
+    early_exit_step: int | None = None
+
+    @property
+    def default_loops(self) -> int:
+        """The checkpoint's depth: ``early_exit_step + 1`` when the config forces an exit step, else
+        ``total_ut_steps``."""
+        step = self.early_exit_step
+        return step + 1 if step is not None and 0 <= step < self.total_ut_steps else self.total_ut_steps
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "OuroConfig":
@@ -48,8 +59,10 @@ class OuroConfig(StackConfig):
         if "sliding_attention" in _layer_types(raw, common["num_hidden_layers"]):
             raise CheckpointError("sliding-window attention layers are not supported for Ouro "
                                   "(use_sliding_window / layer_types); every Ouro release uses full attention")
+        step = r.get("early_exit_step")
         return cls(total_ut_steps=r.positive("total_ut_steps", int(r.get("total_ut_steps", 4))),
-                   early_exit_threshold=float(r.get("early_exit_threshold", 1.0)), **common)
+                   early_exit_threshold=float(r.get("early_exit_threshold", 1.0)),
+                   early_exit_step=None if step is None else int(step), **common)
 
 
 def _layer_types(raw: dict[str, Any], num_layers: int) -> list[str]:
@@ -74,7 +87,7 @@ class OuroModel(StackModel):
     """Runtime Ouro: fused projections, paged KV through an attention backend."""
 
     def __init__(self, cfg: OuroConfig, weights: dict[str, torch.Tensor]) -> None:
-        super().__init__(cfg, weights, num_loops=cfg.total_ut_steps, norm_names=_SANDWICH_NORMS)
+        super().__init__(cfg, weights, num_loops=cfg.default_loops, norm_names=_SANDWICH_NORMS)
         self.gate_w = weights["model.early_exit_gate.weight"].float()
         self.gate_b = weights["model.early_exit_gate.bias"].float()
 
