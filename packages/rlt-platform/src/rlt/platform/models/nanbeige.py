@@ -8,10 +8,10 @@ with its own KV plane (slot ``loop * L + layer``). The config's optional researc
 the release leaves off (n-gram embeddings, hyper-connections, LoopSplit, shared loop KV, depth
 attention, q/k norms) are refused rather than silently ignored.
 
-When ``skip_loop_final_norm`` is set, the final norm is still applied once, before the LM head, as
-llama.cpp's and mlx-lm's ports do (the norm between loops is what the flag skips; models.md's
-pseudocode omits the head-side norm, a disagreement noted here). With the flag off, the last
-loop's norm is that norm.
+When ``skip_loop_final_norm`` is set, the final norm is still applied once, after the last loop —
+as the release's ``NanbeigeModel.forward`` does (read in ``modeling_nanbeige.py`` at revision
+b82e54bd; models.md's pseudocode omits it). With the flag off, the last loop's norm is that norm.
+Omitted config fields take ``NanbeigeConfig``'s defaults (docs/models.md).
 The oracle lives in ``nanbeige_reference``.
 """
 
