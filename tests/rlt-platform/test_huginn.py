@@ -165,7 +165,8 @@ def test_config_spellings_of_the_reference(tmp_path):
     plain = write_tiny_checkpoint(tmp_path / "plain", family="huginn_raven", seed=12)
     variant = write_tiny_checkpoint(tmp_path / "variant", family="huginn_raven", seed=12)
     raw = json.loads((variant / "config.json").read_text())
-    for name, alias in (("n_embd", "hidden_size"), ("n_heads", "num_attention_heads"), ("n_layers", "num_hidden_layers")):
+    aliases = (("n_embd", "hidden_size"), ("n_heads", "num_attention_heads"), ("n_layers", "num_hidden_layers"))
+    for name, alias in aliases:
         raw[alias] = raw.pop(name)
     raw["init_values"] = {**raw["init_values"], "embed_scale": 72.6636084983398}
     (variant / "config.json").write_text(json.dumps(raw))

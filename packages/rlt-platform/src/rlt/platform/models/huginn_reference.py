@@ -3,8 +3,9 @@
 Written from models.md §2.4 with the checkpoint's own weight names (``transformer.{group}.{b}...``,
 ``Wqkv`` split into q/k/v as stored), no paging, whole-sequence recompute for every generated
 token; RoPE from :func:`rlt.platform.models.huginn.rope_table` (the checkpoint's ``freqs_cis`` when
-stored, as the reference's persistent buffer). A request runs the same number of recurrences ``r`` for every token, so every KV slot of
-Hugging Face's cache exists (no holes): prelude and coda blocks attend to their single-depth keys,
+stored, as the reference's persistent buffer). A request runs the same number of recurrences ``r``
+for every token, so every KV slot of Hugging Face's cache exists (no holes): prelude and coda blocks
+attend to their single-depth keys,
 core block j at recurrence s to the recurrence-s keys of all earlier positions — recomputing the
 whole sequence causally gives exactly that. The initial state of position p is
 :func:`rlt.platform.models.huginn.initial_state` of ``(seed, p)`` (zero when ``init_scale = 0``).
