@@ -59,9 +59,10 @@ class Timed(Wrapped):
         return timed
 
 
-def timed_assembly(platform: Platform) -> tuple[EngineAssembly, dict[str, float]]:
+def timed_assembly(platform: Platform, assembly: EngineAssembly | None = None) -> tuple[EngineAssembly, dict[str, float]]:
+    """``assembly`` (a bare one if None) with the step regions timed (outermost wrappers)."""
     acc: dict[str, float] = defaultdict(float)
-    assembly = EngineAssembly(platform)
+    assembly = assembly or EngineAssembly(platform)
     for component, (method, label) in REGIONS.items():
         assembly.wrap(component, lambda ctx, inner, m=method, lb=label: Timed(inner, m, lb, acc), by="benchmark")
     return assembly, acc

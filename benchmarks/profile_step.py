@@ -57,7 +57,9 @@ def profile_decode(model_dir: str, model_cfg, *, concurrency: int, prompt_len: i
     wl = Workload(name=f"profile-c{concurrency}", concurrency=concurrency, prompt_len=prompt_len,
                   output_len=warm_steps + steps + 2 * loops + 2, num_requests=concurrency)
     cfg = opts.engine_config(model_dir, wl, backend=backend, num_loops=loops)
-    assembly, regions = timed_assembly(detect_platform(cfg.device))
+    # the features of opts (e.g. rlt-decode's static path, with graphs disabled so kernels are seen)
+    assembly, regions = timed_assembly(detect_platform(cfg.device),
+                                       opts.plan(cfg).assembly if opts.feature_modules else None)
     engine = assembly.build_engine(cfg, load_checkpoint=load_checkpoint)
     recorder = StepRecorder()
     engine.add_observer(recorder)

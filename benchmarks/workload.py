@@ -120,17 +120,21 @@ class EngineOptions:
     def build_engine(self, config: EngineConfig, load_checkpoint=None) -> LLMEngine:
         if not self.feature_modules:
             return LLMEngine(config, load_checkpoint=load_checkpoint)
+        plan = self.plan(config)
+        engine = plan.assembly.build_engine(config, load_checkpoint=load_checkpoint)
+        engine.features = plan.table
+        return engine
+
+    def plan(self, config: EngineConfig):
+        """The composition of ``feature_modules`` (minus ``disabled_features``) for ``config``."""
         import importlib
 
         from rlt.platform.composition import plan_composition
         from rlt.platform.platforms import detect_platform
 
         features = [f for m in self.feature_modules for f in importlib.import_module(m).FEATURES]
-        plan = plan_composition(detect_platform(config.device), features, model=config.model,
+        return plan_composition(detect_platform(config.device), features, model=config.model,
                                 enabled={name: False for name in self.disabled_features})
-        engine = plan.assembly.build_engine(config, load_checkpoint=load_checkpoint)
-        engine.features = plan.table
-        return engine
 
     def engine_config(self, model_dir: str, wl: Workload, *, backend: str, num_loops: int) -> EngineConfig:
         max_len = wl.prompt_len + wl.output_len

@@ -6,8 +6,14 @@
 # back to back in one lease (Ouro-1.4B shapes, random weights, bf16, Triton, 1K-token prompts):
 #
 #   OUT=benchmarks/results/<dir> bash scripts/decode_h200.sh
-# VARIANTS (default "base decode"; nopipe = rlt-decode without its pipeline), BENCH_ARGS (e.g.
-# --no-sync-steps: no device synchronise after each step, which a pipelined loop needs to overlap)
+# VARIANTS (default "base decode"; nopipe = rlt-decode without its pipeline; unfused = rlt-decode with
+# the small-M linear kernels off, RLT_FUSED_LINEAR=0; copy = rlt-decode with step metadata copied,
+# RLT_UVA=0, instead of read by the mapped-memory kernel), BENCH_ARGS (e.g. --no-sync-steps: no device
+# synchronise after each step, which a pipelined loop needs to overlap), KERNELS=1 (first the kernel
+# micro-benchmarks, benchmarks/decode_kernels.py, with KERNEL_ARGS), PROFILE="c=1,in=1024 ..." (a
+# torch-profiler kernel table of decode steps; PROFILE_ARGS e.g. "--feature-module rlt.decode.feature
+# --disable-feature graphs --disable-feature pipeline": the static path run eagerly, kernels visible),
+# ONLY_WORKLOADS (replaces the workload list)
 set -uo pipefail
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -19,17 +25,32 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     -p no:cacheprovider -o addopts="" -rA -s > "$OUT/gpu-tests.log" 2>&1
   tail -5 "$OUT/gpu-tests.log"
 fi
+if [ "${KERNELS:-0}" = 1 ]; then
+  timeout ${KERNELS_TIMEOUT:-300} $PY -m benchmarks.decode_kernels --out "$OUT/kernels.json" ${KERNEL_ARGS:-} > "$OUT/kernels.log" 2>&1
+  grep -E "^(qkv|o_proj|gate_up|down_proj|lm_head|attention)" "$OUT/kernels.log" | tail -60
+fi
 WORKLOADS=(--workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k
            --workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k
            ${EXTRA_WORKLOADS:-})
+[ -n "${ONLY_WORKLOADS:-}" ] && WORKLOADS=($ONLY_WORKLOADS)   # replaces the list above
 for variant in ${VARIANTS:-base decode}; do
   extra=()
+  fused=1
+  uva=
   case $variant in  # base: the base engine; decode: rlt-decode's features; nopipe: rlt-decode without its pipeline
     decode) extra=(--feature-module rlt.decode.feature) ;;
     nopipe) extra=(--feature-module rlt.decode.feature --disable-feature pipeline) ;;
+    unfused) extra=(--feature-module rlt.decode.feature); fused=0 ;;
+    copy) extra=(--feature-module rlt.decode.feature); uva=0 ;;
   esac
-  timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
+  RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
     --work-dir /tmp/rlt-bench --out-dir "$OUT/$variant" --reps 3 --warmup-output-len 4 "${extra[@]}" ${BENCH_ARGS:-} "${WORKLOADS[@]}" \
     > "$OUT/$variant.log" 2>&1
-  echo "== $variant"; grep -E "^\| (c1-1k|c64-1k|c128-1k) \| triton" "$OUT/$variant/results.md" || tail -20 "$OUT/$variant.log"
+  echo "== $variant"; grep -E "^\| (c1-1k|c64-1k|c128-1k|c64-1k-adaptive) \| triton" "$OUT/$variant/results.md" || tail -20 "$OUT/$variant.log"
 done
+if [ -n "${PROFILE:-}" ]; then
+  args=(); for p in $PROFILE; do args+=(--profile "$p"); done
+  timeout ${PROFILE_TIMEOUT:-150} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
+    --work-dir /tmp/rlt-bench --out-dir "$OUT/profile" ${PROFILE_ARGS:-} "${args[@]}" > "$OUT/profile.log" 2>&1
+  grep -A 16 "Largest kernels" "$OUT/profile/profile_summary.md" | head -60 || tail -20 "$OUT/profile.log"
+fi

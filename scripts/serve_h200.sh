@@ -3,10 +3,13 @@
 # a random-weight Ouro-1.4B-shapes checkpoint (bf16, benchmarks/bench_model.py's writer), `rlt-server serve`
 # on loopback (Triton attention, rlt-decode features on), benchmarks/serve_bench.py at C=1, 64, 128 with
 # ~1K-token prompts / 128 output tokens (requests = C, C=1: 2), then the server stopped and
-# benchmarks/offline_bench.py on the same workloads, and a comparison table in $OUT/comparison.md.
+# benchmarks/offline_bench.py on the same workloads with the server's engine settings (rlt-decode's
+# features, the default step budget of 8,192 tokens), and a comparison table in $OUT/comparison.md.
 #
 #   OUT=benchmarks/results/<dir> bash scripts/serve_h200.sh            # on the H200 (wheels: .whl/serve)
 #   OUT=/tmp/sh PRESET=cpu-tiny PYTHON=python bash scripts/serve_h200.sh  # the logic on CPU, demo-sized model
+# CONCS, SERVE_FLAGS (extra server flags, e.g. --no-pipeline), FAST=1 (install uvloop + httptools from
+# .whl/fast first: uvicorn picks them up), SKIP_OFFLINE=1 (serve side only)
 set -uo pipefail
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -22,6 +25,9 @@ else
   OFFLINE_FEATURES=(--feature-module rlt.decode.feature)
   CONCS=${CONCS:-"1 64 128"}; WORDS=${WORDS:-330}; OUTLEN=${OUTLEN:-128}; BUDGET=40
 fi
+if [ "${FAST:-0}" = 1 ] && [ -d .whl/fast ]; then   # uvicorn's fast loop and parser (uvicorn[standard]: uvloop, httptools)
+  $PY -m pip install -q --no-index --find-links .whl/fast uvloop httptools
+fi
 if [ -d .whl/serve ]; then   # the device has no network: install the carried wheels (device-recipes.md)
   $PY -m pip install -q --no-index --find-links .whl/serve fastapi uvicorn prometheus-client httpx pydantic hatchling editables
   $PY -m pip install -q --no-index --find-links .whl/serve --no-deps -e packages/rlt-attention -e packages/rlt-platform \
@@ -34,7 +40,7 @@ SERVER_PID=
 stop_server() { if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then kill -TERM "$SERVER_PID"; for _ in $(seq 20); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.5; done; kill -KILL "$SERVER_PID" 2>/dev/null; fi; SERVER_PID=; }
 trap stop_server EXIT INT TERM
 $PY -m rlt_server.cli serve --model "$CK" --dtype "$DTYPE" --attention-backend "$ATTN" --port "$PORT" \
-  --max-num-seqs 128 --max-model-len 2048 "${DEVFLAGS[@]}" > "$OUT/server.log" 2>&1 &
+  --max-num-seqs 128 --max-model-len 2048 "${DEVFLAGS[@]}" ${SERVE_FLAGS:-} > "$OUT/server.log" 2>&1 &
 SERVER_PID=$!
 ok=0
 for _ in $(seq ${HEALTH_WAIT:-240}); do
@@ -50,11 +56,14 @@ for c in $CONCS; do
   timeout ${BENCH_TIMEOUT:-150} $PY benchmarks/serve_bench.py --base-url "http://127.0.0.1:$PORT" --num-prompts "$req" \
     --max-concurrency "$c" --input-len "$WORDS" --output-len "$OUTLEN" --ignore-eos --num-warmups 2 \
     --percentiles 50,99 --result-file "$OUT/serve-c$c.json" > "$OUT/serve-c$c.log" 2>&1 || echo "serve_bench C=$c failed (see serve-c$c.log)"
+  # the engine's own counters after the run (steps, graph replays, pipeline sync reasons / drains) and /metrics
+  $PY -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/v1/engine').text)" > "$OUT/engine-after-c$c.json" 2>/dev/null
+  $PY -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/metrics').text)" > "$OUT/metrics-after-c$c.txt" 2>/dev/null
   WL+=(--workload "c=$c,in=$($PY -c "import json;d=json.load(open('$OUT/serve-c$c.json'));print(max(1,d['total_input_tokens']//max(1,d['completed'])))" 2>/dev/null || echo 1024),out=$OUTLEN,req=$req,budget=$BUDGET,name=c$c")
 done
 stop_server
-timeout ${OFFLINE_TIMEOUT:-240} $PY -m benchmarks.offline_bench --model "$CK" --dtype "$DTYPE" --attention-backend "$ATTN" \
-  --out-dir "$OUT/offline" --reps 3 --warmup-output-len 4 "${OFFLINE_FEATURES[@]}" "${WL[@]}" > "$OUT/offline.log" 2>&1 \
+[ "${SKIP_OFFLINE:-0}" = 1 ] || timeout ${OFFLINE_TIMEOUT:-240} $PY -m benchmarks.offline_bench --model "$CK" --dtype "$DTYPE" --attention-backend "$ATTN" \
+  --out-dir "$OUT/offline" --reps 3 --warmup-output-len 4 --max-num-batched-tokens 8192 "${OFFLINE_FEATURES[@]}" "${WL[@]}" > "$OUT/offline.log" 2>&1 \
   || echo "offline_bench failed (see offline.log)"
 $PY - "$OUT" $CONCS <<'PY'
 import json, sys

@@ -41,6 +41,12 @@ def test_graph_decode_equals_eager_fp32(tiny_checkpoint, batch, threshold):
     info = graphs.describe()["executor"]
     print(f"batch={batch} tau={threshold}: {info}")
     assert info["graphs"] and info["graphs_captured"] >= 1 and info["steps"].get("graph_replays", 0) > 0
+    # every shape was captured at startup (on dummy steps), so no decode step ran eagerly
+    assert info["graphs_captured_at_startup"] == info["graphs_captured"]
+    assert info["steps"].get("eager_decode_steps", 0) == 0
+    # step metadata: read by the mapped-memory kernel when the UVA probe passed (H200: it does)
+    if graphs.describe()["uva"]["enabled"]:
+        assert info["step_metadata"]["moved_by"].startswith("mapped") and info["step_metadata"]["mapped_uploads"] > 0
 
 
 def test_graph_decode_bf16_agreement(tiny_checkpoint):

@@ -62,3 +62,45 @@ def _bounded(out, ref, dtype, what):
     print(f"{what} {dtype}: rel {rel:.2e}, mismatched elements {frac:.4%}")
     assert torch.isfinite(out).all()
     assert rel < (1e-2 if dtype == torch.bfloat16 else 2e-3), (what, rel, frac)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 5, 16, 64, 100])
+def test_fused_linears_match_gemm_plus_eager_tail(dtype, rows):
+    """rlt.platform.models.fused_linear on the GPU: q/k/v + RoPE + KV store and gate/up + SiLU
+    against cuBLAS + the separate kernels (bf16: the dot's sum order differs from cuBLAS)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    import torch.nn.functional as F
+
+    from rlt.platform.models import fused_linear as fl
+    from rlt.platform.models.fused_ops import rope_qk_, silu_mul
+    from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    nq, nkv, d, hidden, inter = 16, 4, 128, 1024, 1408
+    x = torch.randn(rows, hidden, device="cuda", generator=g).to(dtype)
+    wqkv = (torch.randn((nq + 2 * nkv) * d, hidden, device="cuda", generator=g) * hidden ** -0.5).to(dtype)
+    cos, sin = rope_cos_sin(torch.arange(rows, device="cuda") * 31 + 5, rope_inv_freq(d, 1e6, device="cuda"), dtype)
+    kc = torch.full((4 * rows + 8, nkv * d), float("nan"), device="cuda", dtype=dtype)
+    vc = kc.clone()
+    slots = torch.randperm(4 * rows + 8, device="cuda")[:rows]
+    slots[0] = -1  # a padded row: stores nothing
+    q, k, v, stored = fl.linear_rope_kv(x, wqkv, cos, sin, nq, nkv, d, (kc, vc, slots))
+    q0, k0, v0 = rope_qk_(F.linear(x, wqkv), cos, sin, nq, nkv, d)
+    assert stored and rows <= fl.MAX_ROWS_ROPE_KV
+    check = (lambda a, b, w: torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)) if dtype == torch.float32 else \
+        (lambda a, b, w: _bounded(a, b, dtype, w))
+    check(q, q0, "fused q"), check(k, k0, "fused k"), check(v, v0, "fused v")
+    keep = slots >= 0
+    assert torch.equal(kc[slots[keep]], k[keep].flatten(1)) and torch.equal(vc[slots[keep]], v[keep].flatten(1))
+    untouched = torch.ones(kc.shape[0], dtype=torch.bool, device="cuda")
+    untouched[slots[keep]] = False
+    assert kc[untouched].isnan().all() and vc[untouched].isnan().all()
+    wgu = (torch.randn(2 * inter, hidden, device="cuda", generator=g) * hidden ** -0.5).to(dtype)
+    got = fl.linear_silu_mul(x, wgu)
+    want = silu_mul(F.linear(x, wgu))
+    if rows <= fl.MAX_ROWS_SILU_MUL:
+        check(got, want, "fused silu_mul")
+    else:  # above the limit: the unfused ops themselves
+        assert torch.equal(got, want)

@@ -83,3 +83,42 @@ def test_malformed_checkpoint_one_line(tmp_path, tiny_checkpoint):
     (path / "config.json").write_text("{")
     r = cli("--model", str(path), "--prompt", "x")
     assert r.returncode != 0 and "Traceback" not in r.stderr and "not valid JSON" in r.stderr
+
+
+def _broken(tmp_path, family, breakage):
+    from safetensors.torch import load_file, save_file
+
+    from rlt.platform.checkpoint.tiny import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint(tmp_path / breakage, family=family, seed=42)
+    cfg = json.loads((path / "config.json").read_text())
+    tensors = load_file(str(path / "model.safetensors"))
+    if breakage == "missing_key":
+        del tensors["model.layers.1.mlp.up_proj.weight"]
+    elif breakage == "wrong_shape":
+        tensors["transformer.adapter.weight"] = torch.zeros(32, 32)
+    elif breakage == "unknown_model_type":
+        cfg["model_type"] = "llama"
+    elif breakage == "huginn_n_layers":
+        cfg["n_layers"] = 8
+    elif breakage == "zero_loops":
+        cfg["num_loops"] = 0
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.mark.parametrize("family,breakage,message", [
+    ("ouro", "missing_key", "missing keys: model.layers.1.mlp.up_proj.weight (1)"),
+    ("huginn_raven", "wrong_shape", "transformer.adapter.weight: (32, 32) != expected (32, 64)"),
+    ("nanbeige", "unknown_model_type", "model_type 'llama' is not supported; supported: ouro, huginn_raven, nanbeige"),
+    ("huginn_raven", "huginn_n_layers", "n_layers is 8 but n_layers_in_prelude + n_layers_in_recurrent_block + "
+                                        "n_layers_in_coda is 1 + 2 + 1 = 4"),
+    ("nanbeige", "zero_loops", "config.json field 'num_loops' must be >= 1 for model_type 'nanbeige', got 0"),
+])
+def test_bad_checkpoints_one_line(tmp_path, family, breakage, message):
+    """The bad checkpoints of issue 14 each exit non-zero with one stderr line naming the problem."""
+    r = cli("--model", str(_broken(tmp_path, family, breakage)), "--prompt", "x")
+    err = r.stderr.strip()
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(err.splitlines()) == 1, r.stderr
+    assert err.startswith("rlt-server: error: ") and message in err

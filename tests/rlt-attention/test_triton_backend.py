@@ -88,7 +88,8 @@ def test_auto_split_policy_is_exercised():
     assert backend.splits_for(1, 4, 64, cpu) == 4  # few programs: split, >= 16 keys each
     assert backend.splits_for(1, 4, 10, cpu) == 1  # too short to split
     assert backend.splits_for(64, 16, 4096, cpu) == 1  # plenty of programs
-    assert TritonBackend().splits_for(1, 16, 32768, cpu) == 6  # 96 programs = 6 per pretend SM
+    assert TritonBackend().splits_for(1, 16, 32768, cpu) == 4  # 64 programs = 4 per pretend SM
+    assert TritonBackend().splits_for(1, 1, 1024, cpu) == 32  # by length: splits of >= 32 keys
     check(DECODE_ROWS, "mha", min_keys_per_split=16, **SMALL)
 
 

@@ -108,3 +108,45 @@ def test_bad_bucket_option_is_a_clear_error(tiny_checkpoint):
     engine = build_engine(EngineConfig(model=str(tiny_checkpoint(seed=1)), dtype="float32", max_num_seqs=8),
                           options={"static_buffers": StaticBufferOptions(row_buckets="2,5,99")})
     assert engine.describe()["executor"]["row_buckets"] == [2, 5, 8]
+
+
+def test_context_buckets_are_every_bucket_a_step_can_get():
+    from rlt.decode.batch import context_bucket, context_buckets
+
+    for limit in (100, 256, 2048, 3000):
+        buckets = context_buckets(limit)
+        assert list(buckets) == sorted(set(buckets)) and buckets[-1] == limit
+        assert {context_bucket(n, limit) for n in range(1, limit + 1)} == set(buckets)
+
+
+MAPPED_SCRIPT = """
+import numpy as np, torch
+from rlt.decode.batch import I32, I64, StaticDecodeBuffers
+for mapped in (True, False):
+    buf = StaticDecodeBuffers(8, torch.device("cpu"), num_slots=4, planes=2, pages=3, mapped=mapped)
+    rng = np.random.default_rng(0)
+    for b in (8, 3):  # a full bank, then a shorter one over it
+        i64 = rng.integers(-2**40, 2**40, (len(I64), b))
+        i32 = rng.integers(-2**30, 2**30, (len(I32), b))
+        buf.upload(i64, i32)
+        f = buf.fields(b)
+        for i, name in enumerate(I64):
+            assert getattr(f, name).tolist() == i64[i].tolist(), name
+        for i, name in enumerate(I32[:-1]):
+            assert getattr(f, name).tolist() == i32[i].tolist(), name
+    assert (buf.num_mapped, buf.num_copied) == ((2, 0) if mapped else (0, 2))
+print("ok")
+"""
+
+
+def test_step_metadata_moves_through_the_mapped_memory_kernel_or_a_copy():
+    """With the UVA decision on, the bank is moved by rlt.platform.uva.mapped_copy_ (here in
+    Triton's interpreter); off, by a copy; the device fields are the same."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    r = subprocess.run([sys.executable, "-c", MAPPED_SCRIPT], capture_output=True, text=True,
+                       env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]

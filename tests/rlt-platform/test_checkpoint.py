@@ -129,6 +129,39 @@ def test_ouro_chat_stop_tokens(tiny_checkpoint):
     assert eng.eos_token_ids == {0, 2}
 
 
+def test_generation_config_eos_is_a_stop_id(tmp_path):
+    """HF generate stops on generation_config.json's eos_token_id: declare the first greedy token there."""
+    from rlt.platform.models.ouro_reference import reference_generate
+
+    path = write_tiny_checkpoint(tmp_path / "gen", seed=13)
+    ck = load_checkpoint(path, dtype=torch.float32)
+    first = reference_generate(ck.family.build_reference(ck.config, ck.weights), [5, 6, 7], max_tokens=1)[0][0]
+    assert first not in (0, 2)  # not already a stop id of the family
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [first, 0]}))
+    eng = LLMEngine(EngineConfig(model=str(path), dtype="float32"))
+    assert eng.eos_token_ids == {0, 2, first}
+    eng.add_request("g", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0.0))
+    while eng.has_unfinished_requests():
+        outs = [o for o in eng.step() if o.finished]
+    assert list(outs[0].token_ids) == [first] and outs[0].finish_reason == "stop"
+    (path / "generation_config.json").write_text("[1]")
+    with pytest.raises(CheckpointError, match="generation_config.json must hold a JSON object"):
+        load_checkpoint(path, dtype=torch.float32)
+
+
+def test_early_exit_step_is_that_many_loops(tmp_path):
+    """OuroForCausalLM reads loop ``early_exit_step`` (config) for the head while computing all loops; loops
+    past k never feed loops <= k, so it is k + 1 loops: the same tokens as total_ut_steps = k + 1."""
+    forced = write_tiny_checkpoint(tmp_path / "forced", seed=15, early_exit_step=1)
+    short = write_tiny_checkpoint(tmp_path / "short", seed=15, total_ut_steps=2)
+    full = write_tiny_checkpoint(tmp_path / "full", seed=15)
+    assert LLMEngine(EngineConfig(model=str(forced), dtype="float32")).num_loops == 2
+    assert _greedy(forced, dtype="float32") == _greedy(short, dtype="float32") != _greedy(full, dtype="float32")
+    # out of range: OuroForCausalLM ignores it
+    out_of_range = write_tiny_checkpoint(tmp_path / "oor", seed=15, early_exit_step=4)
+    assert _greedy(out_of_range, dtype="float32") == _greedy(full, dtype="float32")
+
+
 def test_tied_embeddings_with_and_without_stored_head(tmp_path):
     from rlt.platform.models.ouro_reference import reference_generate
 
@@ -179,7 +212,7 @@ def test_transformers5_rope_parameters(tmp_path):
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "RoPE type 'yarn' is not supported"),
     ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}, "RoPE type 'linear'"),
     ({"rope_scaling": "fast"}, "rope_scaling must be an object or null"),
-    ({"use_sliding_window": True}, "sliding-window attention"),
+    ({"use_sliding_window": True, "max_window_layers": 1}, "sliding-window attention"),
     ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding-window attention"),
 ])
 def test_unsupported_config_variants_are_refused(tmp_path, changes, message):
@@ -187,3 +220,17 @@ def test_unsupported_config_variants_are_refused(tmp_path, changes, message):
     _rewrite_config(path, **changes)
     with pytest.raises(CheckpointError, match=message):
         load_checkpoint(path, dtype=torch.float32)
+
+
+def test_chat_template_environment_is_hugging_faces(tmp_path):
+    """tojson as HF overrides it (no HTML escaping, keys in order, indent), strftime_now, the special tokens."""
+    path = write_tiny_checkpoint(tmp_path / "tpl", seed=14)
+    cfg_path = path / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = ("{{ messages[0]['content'] | tojson }}|{{ messages[0] | tojson(indent=1) }}|"
+                            "{{ strftime_now('%Y') | length }}|{{ pad_token }}|{{ tools is none }}")
+    cfg_path.write_text(json.dumps(cfg))
+    tok = RltTokenizer.from_dir(path)
+    msg = {"role": "user", "content": "<a & b> é"}
+    text = tok.apply_chat_template([msg], add_generation_prompt=False)
+    assert text == '"<a & b> é"|' + json.dumps(msg, ensure_ascii=False, indent=1) + "|4|<|endoftext|>|True"

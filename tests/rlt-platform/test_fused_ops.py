@@ -78,9 +78,10 @@ ENGINE_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_engine_with_fused_kernels_matches_oracle_under_interpreter(tiny_checkpoint):
+@pytest.mark.parametrize("head_dim", [8, 32])  # 32: q/k/v projection, RoPE and KV store in one kernel
+def test_engine_with_fused_kernels_matches_oracle_under_interpreter(tiny_checkpoint, head_dim):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    r = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, str(tiny_checkpoint(seed=51, head_dim=8))],
+    r = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, str(tiny_checkpoint(seed=51, head_dim=head_dim))],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 

@@ -87,6 +87,9 @@ def test_seeded_random_state_is_per_request(tiny_checkpoint):
 def test_initial_state():
     cfg = MODEL_FAMILIES["huginn_raven"].parse_config(
         write_tiny_config_dict(n_embd=32, init_values={"std": 0.1, "embed_scale": 2.0}))
+    # the reference's emb_scale is sqrt(n_embd), never init_values["embed_scale"]; sigma is init_values["std"]
+    assert cfg.embed_scale == math.sqrt(32) and cfg.init_std == 0.1
+    s = math.sqrt(32)
     zero = initial_state([5, 5], [0, 1], [0.0, 0.0], cfg, torch.float32, "cpu")
     assert torch.equal(zero, torch.zeros(2, 32))
     a = initial_state([5, 5, 6], [0, 1, 0], [1.0, 1.0, 1.0], cfg, torch.float32, "cpu")
@@ -94,10 +97,10 @@ def test_initial_state():
     assert torch.equal(a[2], b[0]) and torch.equal(a[1], b[1])  # (seed, position) decides, not the batch
     assert not torch.equal(a[0], a[1]) and not torch.equal(a[0], a[2])
     big = initial_state([1] * 64, list(range(64)), [1.0] * 64, cfg, torch.float32, "cpu")
-    assert float(big.abs().max()) <= 3 * 0.1 * 2.0 + 1e-6  # clipped at 3 sigma, times embed_scale
-    assert 0.7 * 0.2 < float(big.std()) < 0.2  # truncation shrinks the std a little (0.88 sigma)
+    assert float(big.abs().max()) <= 3 * 0.1 * s + 1e-5  # clipped at 3 sigma, times embed_scale
+    assert 0.7 * 0.1 * s < float(big.std()) < 0.1 * s  # truncation shrinks the std a little (0.88 sigma)
     half = initial_state([1], [3], [0.5], cfg, torch.float64, "cpu")
-    assert half.dtype == torch.float64 and float(half.abs().max()) <= 3 * 0.05 * 2.0 + 1e-6
+    assert half.dtype == torch.float64 and float(half.abs().max()) <= 3 * 0.05 * s + 1e-5
 
 
 def write_tiny_config_dict(**changes):
@@ -122,22 +125,57 @@ def test_interleaved_rope_is_a_complex_rotation():
     assert cos.dtype == torch.float32 and torch.equal(apply_rope_pairs(x, cos[:1], sin[:1])[:1], x[:1])
 
 
-def test_stored_head_and_rope_table_are_accepted_and_ignored(tmp_path):
+def test_stored_head_is_ignored_and_stored_rope_table_is_used(tmp_path):
     plain = write_tiny_checkpoint(tmp_path / "plain", family="huginn_raven", seed=5)
     extras = write_tiny_checkpoint(tmp_path / "extras", family="huginn_raven", seed=5, store_extras=True, shards=2)
     keys = set(json.loads((extras / "model.safetensors.index.json").read_text())["weight_map"])
     assert {"lm_head.weight", "freqs_cis"} <= keys and (extras / "raven_modeling_minimal.py").is_file()
     ck_plain, _, _ = _load(plain)
-    ck_extra, _, _ = _load(extras)
-    assert ck_plain.weights.keys() == ck_extra.weights.keys()
-    assert "freqs_cis" not in ck_extra.weights and "lm_head.weight" not in ck_extra.weights
+    ck_extra, _, _ = _load(extras, torch.bfloat16)
+    assert ck_extra.weights.keys() == ck_plain.weights.keys() | {"freqs_cis"}  # the tied head is dropped
+    assert ck_extra.weights["freqs_cis"].dtype == torch.float32  # the table stays float32 in any dtype
     prompt = random_prompts(1, VOCAB, seed=5)[0]
     outs = []
     for path in (plain, extras):
         _, model, _ = _load(path)
         d = HuginnDriver(model, max_steps=3, max_seqs=1)
         outs.append(d.run([(0, "r", prompt, dict(num_steps=3, max_tokens=4))])["r"])
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1]  # the stored table is the computed one, bit for bit
+
+
+def test_stored_rope_table_wins_over_rope_base(tmp_path):
+    """The reference's freqs_cis is a persistent buffer: a stored table is what it rotates with, whatever
+    rope_base says. Store the table of base 100 under a config of base 10000: the output is that of base 100."""
+    base100 = write_tiny_checkpoint(tmp_path / "b100", family="huginn_raven", seed=7, rope_base=100)
+    stored = write_tiny_checkpoint(tmp_path / "stored", family="huginn_raven", seed=7, rope_base=100,
+                                   store_extras=True)
+    _rewrite(stored, rope_base=10000)
+    base10k = write_tiny_checkpoint(tmp_path / "b10k", family="huginn_raven", seed=7, rope_base=10000)
+    prompts = random_prompts(2, VOCAB, seed=7, lo=12, hi=16)
+    runs = {}
+    for name, path in (("b100", base100), ("stored", stored), ("b10k", base10k)):
+        runs[name] = _check(path, [(0, p, 2, 0, 0.0) for p in prompts], max_tokens=6)  # runtime == reference
+    assert runs["stored"] == runs["b100"] and runs["stored"] != runs["b10k"]
+
+
+def test_config_spellings_of_the_reference(tmp_path):
+    """RavenConfig's attribute_map reads hidden_size / num_attention_heads / num_hidden_layers as n_embd /
+    n_heads / n_layers; its emb_scale is sqrt(n_embd), so a stale init_values["embed_scale"] (a config copied
+    from the release keeps 72.66) changes nothing. Same tokens as the plain checkpoint, runtime == reference."""
+    plain = write_tiny_checkpoint(tmp_path / "plain", family="huginn_raven", seed=12)
+    variant = write_tiny_checkpoint(tmp_path / "variant", family="huginn_raven", seed=12)
+    raw = json.loads((variant / "config.json").read_text())
+    aliases = (("n_embd", "hidden_size"), ("n_heads", "num_attention_heads"), ("n_layers", "num_hidden_layers"))
+    for name, alias in aliases:
+        raw[alias] = raw.pop(name)
+    raw["init_values"] = {**raw["init_values"], "embed_scale": 72.6636084983398}
+    (variant / "config.json").write_text(json.dumps(raw))
+    prompts = random_prompts(2, VOCAB, seed=12)
+    want = _check(plain, [(0, p, 3, 0, 0.0) for p in prompts])
+    assert _check(variant, [(0, p, 3, 0, 0.0) for p in prompts]) == want
+    _rewrite(variant, n_heads=8)  # both spellings, disagreeing
+    with pytest.raises(CheckpointError, match="gives n_heads = 8 but its alias num_attention_heads = 4"):
+        load_checkpoint(variant, dtype=torch.float32)
 
 
 def test_fp32_checkpoint_serves_in_low_precision(tmp_path):
@@ -146,7 +184,7 @@ def test_fp32_checkpoint_serves_in_low_precision(tmp_path):
     for dtype in (torch.bfloat16, torch.float16):
         ck, model, _ = _load(path, dtype)
         assert all(t.dtype == dtype for t in ck.weights.values()) and model.dtype == dtype
-        assert model.inv_freq.dtype == torch.float32
+        assert model.rope_cos.dtype == model.rope_sin.dtype == torch.float32
         out = HuginnDriver(model, max_steps=2, max_seqs=1).run([(0, "r", prompt, dict(num_steps=2, max_tokens=3))])
         assert len(out["r"]) == 3 and all(0 <= t < VOCAB for t in out["r"])
 

@@ -82,3 +82,50 @@ def test_release_stop_ids_and_engine_support():
     assert nanbeige.stop_token_ids(nanbeige.parse_config(NANBEIGE), Tok({})) == (166101,)
     assert ouro.engine_unsupported is None and nanbeige.engine_unsupported is None
     assert huginn.engine_unsupported is None  # the engine serves all three (BoundaryExecutor for Huginn)
+
+
+def _without(raw, *keys):
+    return {k: v for k, v in raw.items() if k not in keys}
+
+
+@pytest.mark.parametrize("raw,want", [
+    # OuroConfig (configuration_ouro.py): Qwen2 defaults, num_key_value_heads 32 when the key is absent
+    (_without({**OURO_14B, "num_attention_heads": 32}, "rope_theta", "max_position_embeddings", "rms_norm_eps",
+              "num_key_value_heads", "head_dim", "total_ut_steps", "early_exit_threshold", "tie_word_embeddings"),
+     dict(rope_theta=10000.0, max_position_embeddings=32768, rms_norm_eps=1e-6, num_key_value_heads=32, head_dim=64,
+          total_ut_steps=4, early_exit_threshold=1.0, tie_word_embeddings=False)),
+    ({**OURO_14B, "num_key_value_heads": None}, dict(num_key_value_heads=16)),  # explicit null: the query heads
+    # NanbeigeConfig (configuration_nanbeige.py of the release): Llama-style defaults, one loop
+    (_without(NANBEIGE, "rms_norm_eps", "rope_theta", "num_loops", "max_position_embeddings", "num_key_value_heads",
+              "eos_token_id", "tie_word_embeddings"),
+     dict(rms_norm_eps=1e-6, rope_theta=10000.0, num_loops=1, max_position_embeddings=2048, num_key_value_heads=48,
+          eos_token_id=2, tie_word_embeddings=False)),
+    # RavenConfig (raven_config_minimal.py)
+    (_without(HUGINN, "norm_eps", "rope_base", "qk_bias", "tie_embeddings", "block_size", "mean_recurrence",
+              "init_values"),
+     dict(norm_eps=1e-6, rope_base=50000.0, qk_bias=True, tie_embeddings=True, block_size=4096, mean_recurrence=32,
+          init_std=math.sqrt(2 / (5 * 5280)), embed_scale=math.sqrt(5280))),
+])
+def test_omitted_fields_take_the_public_config_class_defaults(raw, want):
+    """A config.json that leaves a field out runs with what the public config class puts there (the
+    release configs give every field, so only hand-written or trimmed configs see these)."""
+    cfg = MODEL_FAMILIES[raw["model_type"]].parse_config(raw)
+    assert {k: getattr(cfg, k) for k in want} == want
+
+
+def test_more_refusals_of_what_the_public_code_would_compute_differently():
+    from rlt.platform import CheckpointError
+
+    nanbeige, ouro = MODEL_FAMILIES["nanbeige"], MODEL_FAMILIES["ouro"]
+    for change, message in (({"pretraining_tp": 2}, "pretraining_tp 2"),
+                            ({"emb_neighbor_num": 3, "emb_split_num": 2, "ngram_vocab_size_ratio": 0.5},
+                             "emb_neighbor_num, emb_split_num, ngram_vocab_size_ratio are set"),
+                            ({"enable_h_res_identity": True}, "enable_h_res_identity is set")):
+        with pytest.raises(CheckpointError, match=message):
+            nanbeige.parse_config({**NANBEIGE, **change})
+    with pytest.raises(CheckpointError, match="hidden_act 'gelu' is not supported for Ouro"):
+        ouro.parse_config({**OURO_14B, "hidden_act": "gelu"})
+    # use_sliding_window without a layer past max_window_layers is full attention in OuroConfig
+    assert ouro.parse_config({**OURO_14B, "use_sliding_window": True, "max_window_layers": 24})
+    with pytest.raises(CheckpointError, match="sliding-window attention"):
+        ouro.parse_config({**OURO_14B, "use_sliding_window": True, "max_window_layers": 23})

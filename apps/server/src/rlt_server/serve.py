@@ -108,6 +108,12 @@ def describe(info: dict[str, Any], model_path: str | None = None) -> str:
         "features:",
     ]
     lines += format_feature_table(info["features"])
+    ex = eng.get("executor") or {}
+    if ex.get("graphs_captured"):
+        lines.append(f"graphs:    {ex['graphs_captured_at_startup']} decode graphs captured at startup in "
+                     f"{ex['startup_capture_seconds']:.2f} s, {ex['graph_memory_mib']:.1f} MiB graph memory")
+    elif ex.get("static_buffers"):
+        lines.append(f"graphs:    off ({ex.get('graphs_off_reason') or 'none captured'})")
     lines.append(f"listening: http://{srv['host']}:{srv['port']}  (OpenAI API under /v1; GET /v1/engine shows this)")
     return "\n".join(lines)
 

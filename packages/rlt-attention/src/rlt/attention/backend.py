@@ -41,6 +41,11 @@ class BackendSpec:
     #: Resolves LAST_EXITED per key through ``kv.token_depth``. False: reads each row's own plane
     #: only, which is exact only when no context token exited shallower than the row's depth.
     depth_indirection: bool = True
+    #: ``write_kv`` stores each token's K/V rows at its flat slot exactly as :meth:`KVCache.write`
+    #: does (a negative slot writes nothing), so a model kernel may do that store itself, fused with
+    #: the projection that produces K/V (``rlt.platform.models.fused_linear``). False: the model
+    #: always calls ``write_kv`` (a backend with its own store, such as Ascend's ScatterND).
+    flat_slot_kv_write: bool = True
 
     def check(self, *, dtype: torch.dtype, head_dim: int, block_size: int) -> None:
         if self.dtypes is not None and dtype not in self.dtypes:

@@ -39,6 +39,9 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     layout: KVLayout
+    #: Backend-owned per-step state set by ``AttentionBackend.prepare`` (None until then): the Triton
+    #: backend's depth-resolved key slots ``[R, max_seq_len]`` int32, resolved once for every layer.
+    resolved_slots: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:

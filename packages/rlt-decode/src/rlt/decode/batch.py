@@ -5,8 +5,9 @@ A step whose rows are all decode rows (one position each, past the prompt) becom
 exact copy of row 0 (same slot, token, position, KV slot), so it writes the same KV values to the
 same place and its outputs are ignored: padding needs no special case anywhere — and a *context
 bucket* (a power of two >= the longest context) that bounds the attention's host-side sizing.
-All per-row fields go to the device in one copy from a pinned bank (a ring of two, reused only
-after the event behind its last copy completed); page tables are mirrored on the device per slot
+All per-row fields go to the device in one move from a pinned bank (a ring of two, reused only
+after the event behind its last move completed): a kernel reading the bank at its host address
+when the UVA probe passed (:func:`rlt.platform.uva.mapped_copy_`), one non-blocking copy otherwise; page tables are mirrored on the device per slot
 and re-sent only for slots whose pages changed. Any other step is built by the inner builder.
 
 With the pipeline on, a depth-0 row whose input token is still in flight takes it from the
@@ -28,6 +29,7 @@ import torch
 from rlt.attention import KVLayout
 from rlt.platform.engine.exit_policy import row_thresholds
 from rlt.platform.engine.interfaces import Row, Wrapped
+from rlt.platform.uva import mapped_copy_
 
 #: int64 fields (rows of the int64 block) and int32 fields (rows of the int32 block; threshold as fp32 bits)
 #: ``from_device``: 1 where the row's input token is still on the device (sampled by a step whose
@@ -54,6 +56,14 @@ def context_bucket(max_seq_len: int, limit: int, smallest: int = 256) -> int:
     while b < max_seq_len:
         b *= 2
     return min(b, limit)
+
+
+def context_buckets(limit: int, smallest: int = 256) -> tuple[int, ...]:
+    """Every value :func:`context_bucket` can return for contexts up to ``limit``, ascending."""
+    out = [min(smallest, limit)]
+    while out[-1] < limit:
+        out.append(min(out[-1] * 2, limit))
+    return tuple(out)
 
 
 @attrs.frozen(eq=False)
@@ -100,9 +110,13 @@ class DecodeBatch:
 class StaticDecodeBuffers:
     """Pinned host banks and the device buffers they are copied into, for up to ``max_rows`` rows."""
 
-    def __init__(self, max_rows: int, device: torch.device, *, num_slots: int, planes: int, pages: int) -> None:
+    def __init__(self, max_rows: int, device: torch.device, *, num_slots: int, planes: int, pages: int,
+                 mapped: bool = False) -> None:
         self.max_rows = max_rows
         self.device = device
+        #: the UVA decision: a kernel reads the pinned bank at its host address instead of a copy
+        self.mapped = mapped
+        self.num_mapped = self.num_copied = 0
         n64, n32 = len(I64) * max_rows, len(I32) * max_rows
         self.nbytes = 8 * n64 + 4 * n32
         pin = device.type == "cuda"
@@ -145,7 +159,12 @@ class StaticDecodeBuffers:
         b = i64.shape[1]
         h64[:, :b] = i64
         h32[:, :b] = i32
-        self.dev.copy_(bank, non_blocking=True)
+        if self.mapped:
+            mapped_copy_(self.dev, bank)
+            self.num_mapped += 1
+        else:
+            self.dev.copy_(bank, non_blocking=True)
+            self.num_copied += 1
         if self.device.type == "cuda":
             ev = torch.cuda.Event()
             ev.record()
@@ -179,7 +198,8 @@ class StaticBatchBuilder(Wrapped):
     """Decode-only steps into :class:`StaticDecodeBuffers`; every other step by ``inner``."""
 
     def __init__(self, inner, *, kv, slots, layout: KVLayout, device: torch.device, max_num_seqs: int,
-                 max_model_len: int, row_buckets: Sequence[int] | None = None, pipelined: bool = False) -> None:
+                 max_model_len: int, row_buckets: Sequence[int] | None = None, pipelined: bool = False,
+                 mapped: bool = False) -> None:
         super().__init__(inner)
         #: decode steps whose exits are host-known are lagged (the pipeline feature sets it)
         self.pipelined = pipelined
@@ -190,7 +210,7 @@ class StaticBatchBuilder(Wrapped):
         self.max_model_len = max_model_len
         t = kv.block_tables
         self.buffers = StaticDecodeBuffers(self.row_buckets[-1], device, num_slots=t.shape[0], planes=t.shape[1],
-                                           pages=t.shape[2])
+                                           pages=t.shape[2], mapped=mapped)
 
     def bucket_for(self, rows: int) -> int:
         return next(b for b in self.row_buckets if b >= rows)

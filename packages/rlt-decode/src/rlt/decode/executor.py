@@ -3,9 +3,10 @@
 For a :class:`DecodeBatch` the whole loop step — input (embedding of depth-0 rows, else the slot's
 hidden state), depth stamps, every layer, the end-of-loop norm, the gate and the exit accumulator,
 the slot's new hidden state — is one function of the static buffers (:meth:`_loop_step`). With
-graphs on, it is captured once per (row bucket, context bucket) and replayed; the first step of a
-new shape runs it eagerly (which also compiles the kernels) and then captures it, so a capture
-never runs a step twice. The LM head and sampling of exiting rows follow eagerly (their row count
+graphs on, it is captured once per (row bucket, context bucket) and replayed: every shape when the
+engine starts (:meth:`capture_startup`, within the count and memory limits), or, with startup
+capture off or past the limits, on the first step of the shape, which runs it eagerly (compiling
+the kernels) and then captures it, so a capture never runs a step twice. The LM head and sampling of exiting rows follow eagerly (their row count
 varies); the host reads the exit mask only when a row consults the gate.
 
 Every sampled token also lands in the resident per-slot token buffer (``tokens``); a depth-0 row
@@ -65,6 +66,8 @@ class StaticDecodeExecutor(Wrapped):
         self.graphs_off_reason = "" if use_graphs else (graphs_off_reason or "graphs off")
         self.capture_seconds = 0.0
         self.graph_bytes = 0
+        self.startup_seconds = 0.0
+        self.startup_graphs = 0
         #: the resident per-slot token buffer: every token a decode step samples lands here, and
         #: depth-0 rows whose token is still in flight embed from it (inside the captured graph)
         self.tokens = torch.zeros(ctx.max_num_seqs, dtype=torch.int64, device=self.device)
@@ -124,8 +127,41 @@ class StaticDecodeExecutor(Wrapped):
         log.info("captured decode graph rows=%d context=%d (%.2f s total capture, %.1f MiB)", key[0], key[1],
                  self.capture_seconds, self.graph_bytes / 2**20)
 
+    def capture_startup(self, contexts) -> None:
+        """Capture every (row bucket, context bucket) decode graph now, smallest contexts first,
+        within the count limit and the memory budget (shapes left out are captured on first use,
+        or run eagerly past the limits, as recorded). Each shape runs once eagerly (compiling its
+        kernels) on a dummy step: slot 0, position 0, one key - it writes KV only into the first
+        slot of block 0 and slot 0's state, which no request owns before the engine serves."""
+        if not self.use_graphs:
+            return
+        t0 = time.perf_counter()
+        steps = Counter(self.stats)
+        with torch.inference_mode():
+            self._capture_all(contexts)
+        self.stats = steps  # the dummy steps are not the engine's steps
+        self.startup_seconds = time.perf_counter() - t0
+        self.startup_graphs = len(self._graphs)
+        log.info("captured %d decode graphs at startup in %.2f s (%.1f MiB graph memory)", self.startup_graphs,
+                 self.startup_seconds, self.graph_bytes / 2**20)
+
+    def _capture_all(self, contexts) -> None:
+        for context in contexts:
+            for bucket in self.row_buckets:
+                if not self.use_graphs or len(self._graphs) >= self.max_graphs:
+                    break
+                f = self.buffers.fields(bucket)
+                for t in (f.token, f.from_device, f.slot, f.position, f.slot_mapping, f.plane0, f.depth):
+                    t.zero_()
+                for t in (f.seq_len, f.loop, f.min_loops, f.max_loops):
+                    t.fill_(1)
+                f.threshold.fill_(1.0)
+                self._run_shape((bucket, context))
+
     def _run(self, batch: DecodeBatch):
-        key = (batch.bucket, batch.context)
+        return self._run_shape((batch.bucket, batch.context))
+
+    def _run_shape(self, key: tuple[int, int]):
         entry = self._graphs.get(key)
         if entry is not None:
             entry[0].replay()
@@ -182,6 +218,9 @@ class StaticDecodeExecutor(Wrapped):
             "static_buffers": True, "graphs": self.use_graphs, "graphs_off_reason": self.graphs_off_reason, "graphs_captured": len(self._graphs),
             "graph_buckets": sorted(self._graphs), "capture_seconds": round(self.capture_seconds, 3),
             "graph_memory_mib": round(self.graph_bytes / 2**20, 1), "row_buckets": list(self.row_buckets),
+            "graphs_captured_at_startup": self.startup_graphs, "startup_capture_seconds": round(self.startup_seconds, 3),
             "steps": dict(self.stats), "eager_fallbacks": dict(self.fallbacks),
             "pipeline": self.pipeline.describe(),
+            "step_metadata": {"moved_by": "mapped-memory kernel (UVA)" if self.buffers.mapped else "copy",
+                              "mapped_uploads": self.buffers.num_mapped, "copied_uploads": self.buffers.num_copied},
         }

@@ -16,6 +16,7 @@ runs (tokens are read ``depth`` steps late), which is what CI tests.
 from __future__ import annotations
 
 import logging
+import os
 
 import attrs
 
@@ -46,9 +47,12 @@ class StaticBufferOptions:
 
 @attrs.frozen
 class GraphOptions:
-    max_graphs: int = attrs.field(default=64, metadata={"help": "most captured decode graphs (default 64)"})
+    max_graphs: int = attrs.field(default=128, metadata={"help": "most captured decode graphs (default 128)"})
     memory_mib: float = attrs.field(default=4096.0, metadata={
         "help": "graph memory budget in MiB; past it new shapes run eagerly (default 4096)"})
+    capture_at_startup: bool = attrs.field(default=True, metadata={
+        "help": "capture every (row bucket, context bucket) decode graph when the engine starts, smallest "
+                "contexts first, within the count and memory limits (default on; off: on each shape's first step)"})
 
 
 @attrs.frozen
@@ -64,7 +68,7 @@ class PipelineOptions:
 
 
 def _install_static(builder, options: StaticBufferOptions) -> None:
-    from rlt.decode.batch import StaticBatchBuilder
+    from rlt.decode.batch import StaticBatchBuilder, context_buckets
     from rlt.decode.executor import StaticDecodeExecutor
 
     state = {}
@@ -73,7 +77,7 @@ def _install_static(builder, options: StaticBufferOptions) -> None:
         state["builder"] = StaticBatchBuilder(
             inner, kv=ctx.parts.kv_manager, slots=ctx.parts.slots, layout=ctx.kv.layout, device=ctx.device,
             max_num_seqs=ctx.max_num_seqs, max_model_len=ctx.max_model_len, row_buckets=options.row_buckets,
-            pipelined="pipeline" in ctx.feature_options)
+            pipelined="pipeline" in ctx.feature_options, mapped=ctx.uva.enabled and _kernels_run_on(ctx.device))
         return state["builder"]
 
     def executor(ctx, inner):
@@ -86,13 +90,21 @@ def _install_static(builder, options: StaticBufferOptions) -> None:
         else:
             reason = ""
         b = state["builder"]
-        return StaticDecodeExecutor(
+        ex = StaticDecodeExecutor(
             inner, ctx=ctx, buffers=b.buffers, row_buckets=b.row_buckets, use_graphs=not reason,
             max_graphs=graphs.max_graphs if graphs else 0, graph_memory_mib=graphs.memory_mib if graphs else None,
             graphs_off_reason=reason, ring_size=_ring_size(ctx))
+        if graphs is not None and graphs.capture_at_startup:
+            ex.capture_startup(context_buckets(ctx.max_model_len))
+        return ex
 
     builder.wrap("batch_builder", batch_builder)
     builder.wrap("executor", executor)
+
+
+def _kernels_run_on(device) -> bool:
+    """Triton kernels run on this device (a GPU; the interpreter in tests)."""
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _install_graphs(builder, options: GraphOptions) -> None:

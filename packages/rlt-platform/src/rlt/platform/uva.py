@@ -3,6 +3,10 @@
 Enabled only after a probe shows the device pointer of a pinned host buffer equals its host
 address (on ROCm ``hipHostGetDevicePointer`` must return the host address). ``RLT_UVA=0`` forces
 copies, ``RLT_UVA=1`` skips the probe. The result and its reason are recorded.
+
+:func:`mapped_copy_` is the one reader features share: a Triton kernel that loads a pinned host
+buffer through its host address and stores it into a device buffer (one launch, no copy-engine
+transfer). Callers use it only when the decision is enabled and keep a plain copy otherwise.
 """
 
 from __future__ import annotations
@@ -66,3 +70,25 @@ def decide_uva(platform: Platform, env: dict[str, str] | None = None, probe=None
         return UvaDecision(True, "RLT_UVA=1 skips the probe")
     ok, why = (probe or _device_pointer_equals_host)(platform)
     return UvaDecision(ok, f"probe: {why}")
+
+
+_WORDS_PER_PROGRAM = 1024
+
+
+def _mapped_copy_kernel():
+    from rlt.platform.uva_kernel import copy_words_kernel
+
+    return copy_words_kernel
+
+
+def mapped_copy_(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[:] = src`` where ``src`` is pinned host memory read by a kernel at its host address
+    (UVA) and ``dst`` device memory; both contiguous, same byte size, a multiple of 4 bytes."""
+    nbytes = src.numel() * src.element_size()
+    if nbytes != dst.numel() * dst.element_size() or nbytes % 4 or not (src.is_contiguous() and dst.is_contiguous()):
+        raise ValueError(f"mapped_copy_: contiguous buffers of one size, a multiple of 4 bytes (got {nbytes} and "
+                         f"{dst.numel() * dst.element_size()} bytes)")
+    n = nbytes // 4
+    if n:
+        _mapped_copy_kernel()[(-(-n // _WORDS_PER_PROGRAM),)](src.view(torch.int32), dst.view(torch.int32), n,
+                                                             BLOCK=_WORDS_PER_PROGRAM)

@@ -29,7 +29,7 @@ def npu_scatter_nd(torch_npu_module) -> RowScatter:
 
 class AscendEagerBackend(AttentionBackend):
     name = "ascend_eager"
-    spec = BackendSpec()
+    spec = BackendSpec(flat_slot_kv_write=False)  # stores through ScatterND, synchronised (ARCHITECTURE §2)
 
     def forward(
         self, query: torch.Tensor, kv: KVCache, layer: int, meta: AttentionMetadata, scale: float

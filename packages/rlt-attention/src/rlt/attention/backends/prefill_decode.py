@@ -41,6 +41,7 @@ def combined_spec(prefill: BackendSpec, decode: BackendSpec) -> BackendSpec:
         packed_prefill=prefill.packed_prefill,
         graph_safe=decode.graph_safe,  # graphs capture decode-only steps, which never reach `prefill`
         depth_indirection=prefill.depth_indirection and decode.depth_indirection,
+        flat_slot_kv_write=decode.flat_slot_kv_write,  # write_kv is the decode backend's
     )
 
 

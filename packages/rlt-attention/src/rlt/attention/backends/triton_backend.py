@@ -22,8 +22,11 @@ Both read LAST_EXITED history through ``kv.token_depth`` (``min(query depth, sta
 then that plane's page table) and SHARED from plane 0; nothing is copied. The plane lookup is a
 chain of three dependent loads per key tile; with ``pre_resolve_*`` a small pre-pass kernel
 (:func:`resolve_slots_kernel`) first writes each row's resolved slot list (``rows x max_seq_len``
-int32, a few hundred KB) so the attention loop does one index load per tile. It runs per call, so
-nothing is cached across calls that could go stale (in-place metadata refills, graph replays).
+int32, a few hundred KB) so the attention loop does one index load per tile. The list depends only
+on the step's page tables and version map, which no layer changes (a step stamps its tokens'
+depths before its first layer), so :meth:`TritonBackend.prepare` resolves it once per step into
+``meta.resolved_slots`` for every layer (inside the captured graph, so a replay re-resolves);
+``forward`` resolves per call only when it gets metadata that did not pass through ``prepare``.
 
 Precision: ``dot_precision`` is the fp32 ``tl.dot`` precision the platform allows ("tf32" on
 NVIDIA, "ieee" on ROCm, which rejects "tf32"). The numerics contract (ARCHITECTURE §5) requires
@@ -33,7 +36,7 @@ setting (bf16 operands, fp32 accumulation, fp32 softmax).
 
 Defaults were chosen on the H200 (benchmarks/attention_bench.py --sweep, results in
 benchmarks/results/): grouped decode with 64-key tiles and pre-resolved slots; split decode with
-32-key tiles, 3 stages, ~6 programs per SM; prefill 128x128 tiles, 8 warps, 3 stages, pre-resolved (fp32: 128x64; any choice is clamped to
+32-key tiles, 3 stages, ~4 programs per SM, splits of >= 32 keys; prefill 128x128 tiles, 8 warps, 3 stages, pre-resolved (fp32: 128x64; any choice is clamped to
 the shared memory a program may use, see :func:`prefill_shared_bytes`).
 
 Graph safety: no host synchronisation, no data-dependent Python, split scratch cached per shape
@@ -144,7 +147,7 @@ class TritonBackend(AttentionBackend):
         pre_resolve_prefill: bool = True,
         decode_variant: str = "auto",
         num_splits: int | None = None,
-        min_keys_per_split: int = 256,
+        min_keys_per_split: int = 32,
         fused_kv_write: bool = True,
         poison_output: bool = False,
         scatter: RowScatter = portable_row_scatter,
@@ -202,10 +205,13 @@ class TritonBackend(AttentionBackend):
         return self._sm_count[device]
 
     def splits_for(self, rows: int, head_programs: int, max_seq_len: int, device: torch.device) -> int:
-        """KV splits per row: enough programs for ~6 per SM, each split >= ``min_keys_per_split`` keys.
+        """KV splits per row: enough programs for ~4 per SM, each split >= ``min_keys_per_split`` keys.
 
         Depends only on the batch shape and the host-side length bound; the kernels divide the
-        actual (device) length among the splits, so any split count is correct.
+        actual (device) length among the splits, so any split count is correct. Chosen on the H200
+        (``benchmarks/decode_kernels.py``, 2026-12-04, 16 KV heads, per layer): 1 row x 1K keys
+        8.7 us with 32 splits of 32 keys against 17.3 us with 4 splits of 256 (the previous
+        policy); 1 x 4K 15.2 (32 splits) vs 20.1; 8 x 1K 27.6 (4 splits) vs 30.2; 64 rows need none.
         """
         if self.num_splits is not None:
             return self.num_splits
@@ -213,7 +219,7 @@ class TritonBackend(AttentionBackend):
         sms = self._num_sms(device)
         if programs >= 2 * sms:
             return 1
-        want = -(-6 * sms // programs)
+        want = -(-4 * sms // programs)
         by_len = max(1, -(-max(int(max_seq_len), 1) // self.min_keys_per_split))
         return max(1, min(want, by_len, MAX_SPLITS))
 
@@ -247,6 +253,37 @@ class TritonBackend(AttentionBackend):
         )
 
     # -- attention -------------------------------------------------------------------------------
+    @staticmethod
+    def _tables(meta: AttentionMetadata) -> torch.Tensor:
+        bt = meta.block_tables
+        if bt.dtype != torch.int32 or bt.stride(-1) != 1:
+            bt = bt.to(torch.int32).contiguous()
+        return bt
+
+    def _pre_resolves(self, kv: KVCache, meta: AttentionMetadata) -> bool:
+        """Whether a pre-pass resolves key slots (LAST_EXITED only: SHARED is one load anyway)."""
+        want = self.pre_resolve_decode if meta.max_query_len <= 1 else (self.pre_resolve_prefill or self.pre_resolve_decode)
+        k = kv.k[0]
+        return (want and kv.layout is KVLayout.LAST_EXITED and kv.token_depth is not None
+                and k.stride(0) == kv.block_size * k.stride(1))
+
+    def _resolve(self, kv: KVCache, meta: AttentionMetadata, bt: torch.Tensor) -> torch.Tensor:
+        rows = meta.seq_lens.shape[0]
+        num_planes = min(kv.num_planes, bt.shape[1])
+        slots = torch.empty((rows, max(int(meta.max_seq_len), 1)), dtype=torch.int32, device=meta.seq_lens.device)
+        if rows:
+            self._paging().resolve_slots_kernel[(rows, -(-slots.shape[1] // 1024))](
+                slots, bt, kv.token_depth, meta.seq_lens, meta.query_depth, slots.stride(0), bt.stride(0),
+                bt.stride(1), num_planes, BLOCK_SIZE=kv.block_size, LAST_EXITED=True, BLOCK=1024, num_warps=4,
+            )
+        return slots
+
+    def prepare(self, kv: KVCache, meta: AttentionMetadata) -> AttentionMetadata:
+        if meta.resolved_slots is not None or not self._pre_resolves(kv, meta):
+            return meta
+        self._check_device(meta.seq_lens)
+        return attrs.evolve(meta, resolved_slots=self._resolve(kv, meta, self._tables(meta)))
+
     def forward(
         self, query: torch.Tensor, kv: KVCache, layer: int, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor:
@@ -264,9 +301,7 @@ class TritonBackend(AttentionBackend):
         nkv = k.shape[2]
         group = nh // nkv
         rows = meta.seq_lens.shape[0]
-        bt = meta.block_tables
-        if bt.dtype != torch.int32 or bt.stride(-1) != 1:
-            bt = bt.to(torch.int32).contiguous()
+        bt = self._tables(meta)
         last_exited = kv.layout is KVLayout.LAST_EXITED and kv.token_depth is not None
         td = kv.token_depth if last_exited else meta.seq_lens  # unused pointer under SHARED
         num_planes = min(kv.num_planes, bt.shape[1])
@@ -276,16 +311,9 @@ class TritonBackend(AttentionBackend):
             out.fill_(float("nan"))
         block_d = max(16, _next_pow2(d))
         pure_decode = meta.max_query_len <= 1
-        # One pre-pass resolves every key's depth plane (LAST_EXITED only: SHARED is one load anyway).
-        want = self.pre_resolve_decode if pure_decode else (self.pre_resolve_prefill or self.pre_resolve_decode)
-        pre = want and last_exited and k.stride(0) == kv.block_size * k.stride(1)
-        if pre:
-            slots = torch.empty((rows, max(int(meta.max_seq_len), 1)), dtype=torch.int32, device=query.device)
-            paging = self._paging()
-            paging.resolve_slots_kernel[(rows, -(-slots.shape[1] // 1024))](
-                slots, bt, td, meta.seq_lens, meta.query_depth, slots.stride(0), bt.stride(0), bt.stride(1),
-                num_planes, BLOCK_SIZE=kv.block_size, LAST_EXITED=True, BLOCK=1024, num_warps=4,
-            )
+        pre = self._pre_resolves(kv, meta)
+        if pre:  # resolved once per step by prepare(), or here for metadata that skipped it
+            slots = meta.resolved_slots if meta.resolved_slots is not None else self._resolve(kv, meta, bt)
         else:
             slots = meta.seq_lens  # unused pointer
         common = (

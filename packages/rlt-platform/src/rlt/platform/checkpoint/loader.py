@@ -2,10 +2,11 @@
 
 Reads ``config.json`` (``model_type`` picks the family; ``dtype`` or ``torch_dtype`` accepted;
 ``auto_map`` ignored — rlt never runs checkpoint code), then ``model.safetensors`` or the shards
-listed in ``model.safetensors.index.json``, with a strict key and shape check whose error names the
-missing and unexpected keys (a family may declare optional weights it never reads, such as a tied
-head or a stored RoPE table: shape-checked when present, then dropped). Weights are cast to the requested dtype (float32 / bfloat16 /
-float16) on the target device.
+listed in ``model.safetensors.index.json`` (and ``generation_config.json`` for its stop ids), with a strict key and shape check whose error names the
+missing and unexpected keys (a family may declare optional weights, such as a tied head or a stored
+RoPE table: shape-checked when present, then dropped unless the family reads them — those it reads
+stay float32). Weights are cast to the requested dtype (float32 / bfloat16 / float16) on the target
+device.
 """
 
 from __future__ import annotations
@@ -33,6 +34,22 @@ class LoadedCheckpoint:
     config: Any
     raw_config: dict
     weights: dict[str, torch.Tensor]
+    #: ``generation_config.json`` ({} when absent): its ``eos_token_id`` ends generation in HF ``generate``
+    generation_config: dict = attrs.field(factory=dict)
+
+
+def read_generation_config(root: Path) -> dict:
+    """``generation_config.json`` of a checkpoint directory, or {} when it has none."""
+    path = root / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path} must hold a JSON object")
+    return raw
 
 
 def read_config(path: str | Path) -> tuple[Path, dict, ModelFamily, Any]:
@@ -109,6 +126,8 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype, device: torch.devic
                         continue
                     if key in expected:
                         weights[key] = f.get_tensor(key).to(device=device, dtype=dtype)
+                    elif key in family.optional_read:
+                        weights[key] = f.get_tensor(key).to(device=device, dtype=torch.float32)
         except CheckpointError:
             raise
         except Exception as exc:  # safetensors raises its own error types on corrupt files
@@ -123,4 +142,4 @@ def load_checkpoint(path: str | Path, *, dtype: torch.dtype, device: torch.devic
         if bad_shape:
             parts.append("wrong shapes: " + "; ".join(bad_shape[:4]))
         raise CheckpointError(f"checkpoint {root} does not match its config.json: " + " | ".join(parts))
-    return LoadedCheckpoint(root, family, config, raw, weights)
+    return LoadedCheckpoint(root, family, config, raw, weights, read_generation_config(root))

@@ -3,7 +3,9 @@
 ``tokenizer.json`` is loaded with the ``tokenizers`` library; ``tokenizer_config.json`` supplies
 the special tokens and the Jinja chat template, rendered in a sandboxed Jinja environment as
 Hugging Face does (same whitespace options, ``loopcontrols``, and HF's ``{% generation %}`` block,
-which Huginn's template uses to mark assistant text and which renders as its body). Template
+which Huginn's template uses to mark assistant text and which renders as its body; HF's ``tojson``
+filter — no HTML escaping, keys in the given order — and ``strftime_now``; the special tokens
+``bos_token`` / ``eos_token`` / ``unk_token`` / ``pad_token``, ``tools`` and ``documents`` unset). Template
 variables pass through: ``enable_thinking`` of the Ouro Thinking and Nanbeige templates; Huginn's
 template itself renders role ``assistant`` as ``Huginn``. Prompts rendered from a template are
 encoded without adding special tokens.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +66,7 @@ class RltTokenizer:
         self.eos_token = _token_text(config.get("eos_token"))
         self.bos_token = _token_text(config.get("bos_token"))
         self.pad_token = _token_text(config.get("pad_token"))
+        self.unk_token = _token_text(config.get("unk_token"))
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
         self._template = None
@@ -140,16 +144,25 @@ class RltTokenizer:
             def raise_exception(message):
                 raise jinja2.exceptions.TemplateError(message)
 
+            def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+                # HF's override: Jinja's own tojson escapes HTML characters and sorts keys
+                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                                  sort_keys=sort_keys)
+
+            env.filters["tojson"] = tojson
             env.globals["raise_exception"] = raise_exception
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             self._template = env.from_string(self.chat_template)
         try:
-            return self._template.render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
+            defaults = {"tools": None, "documents": None, "unk_token": self.unk_token, "pad_token": self.pad_token}
+            return self._template.render({
+                **defaults,
                 **kwargs,
-            )
+                "messages": messages,
+                "add_generation_prompt": add_generation_prompt,
+                "bos_token": self.bos_token or "",
+                "eos_token": self.eos_token or "",
+            })
         except jinja2.exceptions.TemplateError as exc:
             raise InvalidRequestError(f"chat template failed: {exc}") from None
 

@@ -90,7 +90,8 @@ def build_context(config: EngineConfig, platform: Platform, feature_options: Map
         # Fixed full depth unless asked otherwise (the checkpoint's early_exit_threshold is not a
         # serving default: HF computes every loop regardless, so adopting it would change semantics).
         default_threshold=config.exit_threshold if config.exit_threshold is not None else 1.0,
-        eos_token_ids=frozenset(ckpt.family.stop_token_ids(ckpt.config, tokenizer)) & set(range(shape.vocab_size)),
+        eos_token_ids=(frozenset(ckpt.family.stop_token_ids(ckpt.config, tokenizer, ckpt.generation_config))
+                       & set(range(shape.vocab_size))),
         feature_options=dict(feature_options or {}),
     )
 

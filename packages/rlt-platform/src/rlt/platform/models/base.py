@@ -131,12 +131,18 @@ class ModelFamily:
     #: Weights a checkpoint may carry that are not read (a tied head, a stored RoPE table), name ->
     #: shape: shape-checked when present, never required.
     optional_weights: Callable[[Any], dict[str, tuple[int, ...]]] = _no_optional_weights
+    #: Optional weights the model reads when the checkpoint has them (Huginn's stored RoPE table),
+    #: loaded in float32 whatever the serving dtype; the others are dropped after the shape check.
+    optional_read: tuple[str, ...] = ()
     #: Why the engine cannot serve this family yet (None: it can).
     engine_unsupported: str | None = None
 
-    def stop_token_ids(self, config: Any, tokenizer: Any) -> tuple[int, ...]:
-        """The stop ids of a checkpoint: its config and tokenizer (``token_to_id(str) -> int | None``)."""
+    def stop_token_ids(self, config: Any, tokenizer: Any, generation: dict | None = None) -> tuple[int, ...]:
+        """The stop ids of a checkpoint: its config, tokenizer (``token_to_id(str) -> int | None``) and
+        ``generation_config.json`` (``generation``), whose ``eos_token_id`` HF ``generate`` stops on."""
         ids = [i for i in (tokenizer.token_to_id(t) for t in self.stop_tokens) if i is not None]
         eos = getattr(config, "eos_token_id", None) if self.config_eos_stops else None
         ids += [eos] if isinstance(eos, int) else list(eos or ())
+        gen_eos = (generation or {}).get("eos_token_id")
+        ids += [gen_eos] if isinstance(gen_eos, int) else [i for i in (gen_eos or ()) if isinstance(i, int)]
         return tuple(dict.fromkeys(ids)) or self.default_stop_token_ids

@@ -19,8 +19,11 @@ HF draws it from the global RNG, so its output depends on the batch; here
 request's state depends only on its own seed (and never on chunking, batch or arrival order).
 
 Checkpoints hold fp32 weights (cast to the serving dtype at load), may carry ``lm_head.weight``
-(tied: ignored, the embedding is the head) and ``freqs_cis`` (ignored: the table is recomputed in
-fp32), and ship ``.py`` files that rlt never runs.
+(tied: ignored, the embedding is the head) and ``freqs_cis`` (the RoPE table: used as stored, in
+float32, exactly as the reference uses its persistent buffer; computed in float32 when absent — see
+:func:`rope_table`), and ship ``.py`` files that rlt never runs. The embedding scale is
+``sqrt(n_embd)`` whatever ``init_values["embed_scale"]`` says (the reference's ``emb_scale``); the
+initial state's σ is ``init_values["std"]``.
 
 Executor contract (what an engine must do to serve Huginn; the stages below are the whole model;
 :class:`rlt.platform.engine.boundary.BoundaryExecutor` implements it)
@@ -78,6 +81,18 @@ BLOCK_NORMS = ("norm_1", "norm_2", "norm_3", "norm_4")
 _MASK64 = (1 << 64) - 1
 
 
+def _aliased(r: ConfigReader, name: str, alias: str) -> int:
+    """A RavenConfig field that its ``attribute_map`` also reads under a Llama name (``hidden_size`` ->
+    ``n_embd``, ``num_attention_heads`` -> ``n_heads``, ``num_hidden_layers`` -> ``n_layers``)."""
+    values = {k: int(r.raw[k]) for k in (name, alias) if r.raw.get(k) is not None}
+    if not values:
+        r.need(name)
+    if len(set(values.values())) > 1:
+        raise CheckpointError(f"config.json gives {name} = {values[name]} but its alias {alias} = {values[alias]}; "
+                              "they must agree")
+    return next(iter(values.values()))
+
+
 @attrs.frozen
 class HuginnConfig:
     vocab_size: int  # the embedding / head rows (padded_vocab_size)
@@ -112,10 +127,10 @@ class HuginnConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "HuginnConfig":
         r = ConfigReader(raw, "huginn_raven")
-        e = int(r.need("n_embd"))
-        heads = int(r.need("n_heads"))
+        e = _aliased(r, "n_embd", "hidden_size")
+        heads = _aliased(r, "n_heads", "num_attention_heads")
         prelude, core, coda = (int(r.need(f"n_layers_in_{g}")) for g in ("prelude", "recurrent_block", "coda"))
-        n_layers = int(r.need("n_layers"))
+        n_layers = _aliased(r, "n_layers", "num_hidden_layers")
         if n_layers != prelude + core + coda:
             raise CheckpointError(f"n_layers is {n_layers} but n_layers_in_prelude + n_layers_in_recurrent_block + "
                                   f"n_layers_in_coda is {prelude} + {core} + {coda} = {prelude + core + coda}; "
@@ -140,6 +155,9 @@ class HuginnConfig:
         if not isinstance(init_values, dict):
             raise CheckpointError(f"init_values must be an object (with 'std' and 'embed_scale'), got {init_values!r}")
         mean_recurrence = r.positive("mean_recurrence", int(r.get("mean_recurrence", 32)))
+        # RavenConfig derives init_values from its n_embd argument (5280 when only the hidden_size alias is
+        # given); a stored init_values replaces that.
+        default_std = math.sqrt(2 / (5 * int(r.get("n_embd", 5280))))
         return cls(
             vocab_size=int(r.get("padded_vocab_size", r.need("vocab_size"))),
             n_embd=e,
@@ -155,8 +173,10 @@ class HuginnConfig:
             qk_bias=bool(r.get("qk_bias", True)),
             tie_embeddings=bool(r.get("tie_embeddings", True)),
             mean_recurrence=mean_recurrence,
-            init_std=float(init_values.get("std", math.sqrt(2 / (5 * e)))),
-            embed_scale=float(init_values.get("embed_scale", math.sqrt(e))),
+            init_std=float(init_values.get("std", default_std)),
+            # The reference scales by sqrt(n_embd) (its emb_scale property), never by a stored
+            # init_values["embed_scale"]: a config copied from the release keeps 72.66 whatever n_embd is.
+            embed_scale=math.sqrt(e),
             torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
             eos_token_id=raw.get("eos_token_id"),
             bos_token_id=raw.get("bos_token_id"),
@@ -188,11 +208,26 @@ def huginn_expected_weights(cfg: HuginnConfig) -> dict[str, tuple[int, ...]]:
 
 
 def huginn_optional_weights(cfg: HuginnConfig) -> dict[str, tuple[int, ...]]:
-    """A tied head and the stored RoPE table: accepted, never read (models.md §2.3)."""
+    """A tied head (accepted, never read) and the stored RoPE table (read when present, models.md §2.3)."""
     out = {"freqs_cis": (1, cfg.block_size, 1, cfg.head_dim // 2, 2)}
     if cfg.tie_embeddings:
         out["lm_head.weight"] = (cfg.vocab_size, cfg.n_embd)
     return out
+
+
+def rope_table(cfg: HuginnConfig, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The float32 RoPE table ``[block_size, head_dim / 2, 2]`` (cos, sin) of a checkpoint.
+
+    The reference registers ``freqs_cis`` as a *persistent* buffer, so when a checkpoint stores one it
+    is that table the reference rotates with (a table saved in bf16, or computed on another device,
+    is used as stored); without one it is computed as the reference computes it: float32 angles
+    ``p * rope_base^(-2i/d)`` for every position below ``block_size``, on the CPU.
+    """
+    stored = weights.get("freqs_cis")
+    if stored is not None:
+        return stored.reshape(cfg.block_size, cfg.head_dim // 2, 2).float()
+    cos, sin = rope_pair_cos_sin(torch.arange(cfg.block_size), rope_inv_freq(cfg.head_dim, cfg.rope_base))
+    return torch.stack((cos, sin), dim=-1)
 
 
 def initial_state(seeds: list[int], positions: list[int], scales: list[float], cfg: HuginnConfig,
@@ -260,11 +295,13 @@ class HuginnModel(LoopedModel):
                 q_bias=None if bias is None else bias[0, 0], k_bias=None if bias is None else bias[1, 0],
             ))
         self.prelude_blocks, self.core_blocks, self.coda_blocks = (blocks[g] for g in GROUPS)
-        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base, device=self.wte.device)
+        table = rope_table(cfg, weights).to(self.wte.device)
+        #: float32 cos / sin ``[block_size, head_dim / 2]`` (:func:`rope_table`)
+        self.rope_cos, self.rope_sin = table[..., 0].contiguous(), table[..., 1].contiguous()
         self.scale = cfg.head_dim ** -0.5
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_pair_cos_sin(positions, self.inv_freq)
+        return self.rope_cos.index_select(0, positions), self.rope_sin.index_select(0, positions)
 
     def _block(self, blk: _Block, layer: int, x: torch.Tensor, rope, kv: KVCache, attention: AttentionBackend,
                meta: AttentionMetadata) -> torch.Tensor:
@@ -339,4 +376,5 @@ HUGINN = ModelFamily(
     default_stop_token_ids=(65505, 65508),  # <|end_text|>, <|end_turn|> (models.md §2.6)
     stop_tokens=("<|end_text|>", "<|end_turn|>"),
     optional_weights=huginn_optional_weights,
+    optional_read=("freqs_cis",),
 )

@@ -2,8 +2,10 @@
 
 Written from models.md §2.4 with the checkpoint's own weight names (``transformer.{group}.{b}...``,
 ``Wqkv`` split into q/k/v as stored), no paging, whole-sequence recompute for every generated
-token. A request runs the same number of recurrences ``r`` for every token, so every KV slot of
-Hugging Face's cache exists (no holes): prelude and coda blocks attend to their single-depth keys,
+token; RoPE from :func:`rlt.platform.models.huginn.rope_table` (the checkpoint's ``freqs_cis`` when
+stored, as the reference's persistent buffer). A request runs the same number of recurrences ``r``
+for every token, so every KV slot of Hugging Face's cache exists (no holes): prelude and coda blocks
+attend to their single-depth keys,
 core block j at recurrence s to the recurrence-s keys of all earlier positions — recomputing the
 whole sequence causally gives exactly that. The initial state of position p is
 :func:`rlt.platform.models.huginn.initial_state` of ``(seed, p)`` (zero when ``init_scale = 0``).
@@ -14,8 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rlt.platform.models.huginn import initial_state
-from rlt.platform.models.layers import apply_rope_pairs, rms_norm, rope_inv_freq, rope_pair_cos_sin
+from rlt.platform.models.huginn import initial_state, rope_table
+from rlt.platform.models.layers import apply_rope_pairs, rms_norm
 from rlt.platform.models.ouro_reference import eager_attention
 
 
@@ -23,7 +25,7 @@ class HuginnReference:
     def __init__(self, cfg, weights: dict[str, torch.Tensor]) -> None:
         self.cfg = cfg
         self.w = weights
-        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_base)
+        self.rope = rope_table(cfg, weights)  # the stored freqs_cis when the checkpoint has one
         self.dtype = weights["transformer.wte.weight"].dtype
 
     def block(self, name: str, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -36,7 +38,7 @@ class HuginnReference:
         if cfg.qk_bias:
             q = q + w[p + "attn.qk_bias"][0, 0]
             k = k + w[p + "attn.qk_bias"][1, 0]
-        cos, sin = rope_pair_cos_sin(pos, self.inv_freq)
+        cos, sin = self.rope[pos, :, 0], self.rope[pos, :, 1]
         q, k = apply_rope_pairs(q, cos, sin), apply_rope_pairs(k, cos, sin)
         attn = eager_attention(q, k, v, pos, pos, d ** -0.5)
         x = rms_norm(F.linear(attn, w[p + "attn.proj.weight"]) + x, w[p + "norm_2.weight"], eps)

@@ -8,10 +8,10 @@ with its own KV plane (slot ``loop * L + layer``). The config's optional researc
 the release leaves off (n-gram embeddings, hyper-connections, LoopSplit, shared loop KV, depth
 attention, q/k norms) are refused rather than silently ignored.
 
-When ``skip_loop_final_norm`` is set, the final norm is still applied once, before the LM head, as
-llama.cpp's and mlx-lm's ports do (the norm between loops is what the flag skips; models.md's
-pseudocode omits the head-side norm, a disagreement noted here). With the flag off, the last
-loop's norm is that norm.
+When ``skip_loop_final_norm`` is set, the final norm is still applied once, after the last loop —
+as the release's ``NanbeigeModel.forward`` does (read in ``modeling_nanbeige.py`` at revision
+b82e54bd; models.md's pseudocode omits it). With the flag off, the last loop's norm is that norm.
+Omitted config fields take ``NanbeigeConfig``'s defaults (docs/models.md).
 The oracle lives in ``nanbeige_reference``.
 """
 
@@ -26,13 +26,14 @@ import torch.nn.functional as F
 from rlt.attention import AttentionBackend, AttentionMetadata, KVCache
 from rlt.platform.errors import CheckpointError
 from rlt.platform.models.base import ModelFamily
-from rlt.platform.models.fused_ops import silu_mul
+from rlt.platform.models.fused_linear import linear_silu_mul
 from rlt.platform.models.layers import rms_norm
 from rlt.platform.models.stack import ConfigReader, StackConfig, StackModel, llama_layer_weights, tied_head_optional
 
 #: Optional features of the official modeling code, all off in the release (models.md §3.1).
-_REFUSED = ("emb_neighbor_num", "ngram_vocab_size", "ngram_embedding", "enable_hyper_connection", "enable_mhc",
-            "enable_double_loop_split", "loop_share_kv", "enable_depth_attention", "use_qk_norm", "qk_layernorm")
+_REFUSED = ("emb_neighbor_num", "emb_split_num", "ngram_vocab_size_ratio", "insert_ngram_layer_idx",
+            "ngram_insert_all_layers", "enable_hyper_connection", "enable_mhc", "enable_h_res_identity",
+            "enable_double_loop_split", "loop_share_kv", "enable_depth_attention", "qk_layernorm")
 
 
 @attrs.frozen(kw_only=True)
@@ -42,17 +43,25 @@ class NanbeigeConfig(StackConfig):
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "NanbeigeConfig":
+        # Defaults for omitted fields are NanbeigeConfig's (configuration_nanbeige.py of the release):
+        # rms_norm_eps 1e-6, rope_theta 10000, num_loops 1, max_position_embeddings 2048, eos 2 when
+        # the key is absent. The release config gives every one of them (1e-5, 7e7, 2, 262144, 166101).
         r = ConfigReader(raw, "nanbeige")
-        common = StackConfig.common(r, "Nanbeige", max_positions=262144, rope_theta=7e7, eps=1e-5)
+        common = StackConfig.common(r, "Nanbeige", max_positions=2048, rope_theta=10000.0, eps=1e-6)
+        if "eos_token_id" not in raw:
+            common["eos_token_id"] = 2
         r.refuse("Nanbeige", _REFUSED, "an optional research feature of the official code")
         r.refuse("Nanbeige", ("attention_bias", "mlp_bias"), "a projection bias")
         if raw.get("loop_loss_weights"):
             raise CheckpointError("loop_loss_weights is non-empty in config.json: it is a training feature that changes "
                                   "the loop count; set it to [] and give the loop count in num_loops")
+        if int(r.get("pretraining_tp", 1)) != 1:
+            raise CheckpointError(f"pretraining_tp {raw['pretraining_tp']!r} is not supported for Nanbeige (only 1, as "
+                                  "released: sliced projections change the sums)")
         act = r.get("hidden_act", "silu")
         if act != "silu":
             raise CheckpointError(f"hidden_act {act!r} is not supported for Nanbeige (only 'silu')")
-        return cls(num_loops=r.positive("num_loops", int(r.get("num_loops", 2))),
+        return cls(num_loops=r.positive("num_loops", int(r.get("num_loops", 1))),
                    skip_loop_final_norm=bool(r.get("skip_loop_final_norm", False)), **common)
 
 
@@ -74,7 +83,7 @@ class NanbeigeModel(StackModel):
         for idx, layer in enumerate(self.layers):
             n = layer.norms
             h = h + self.attend(idx, layer, rms_norm(h, n["input_layernorm"], eps), rope, kv, attention, meta)
-            act = silu_mul(F.linear(rms_norm(h, n["post_attention_layernorm"], eps), layer.gate_up))
+            act = linear_silu_mul(rms_norm(h, n["post_attention_layernorm"], eps), layer.gate_up)
             h = h + F.linear(act, layer.down)
         return h if self.cfg.skip_loop_final_norm else rms_norm(h, self.norm, eps)
 

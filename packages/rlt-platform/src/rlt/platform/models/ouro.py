@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from rlt.attention import AttentionBackend, AttentionMetadata, KVCache
 from rlt.platform.errors import CheckpointError
 from rlt.platform.models.base import ModelFamily
-from rlt.platform.models.fused_ops import add_norm_norm, silu_mul
+from rlt.platform.models.fused_linear import linear_silu_mul
+from rlt.platform.models.fused_ops import add_norm_norm
 from rlt.platform.models.layers import rms_norm
 from rlt.platform.models.stack import ConfigReader, StackConfig, StackModel, llama_layer_weights, tied_head_optional
 
@@ -31,17 +32,47 @@ from rlt.platform.models.stack import ConfigReader, StackConfig, StackModel, lla
 class OuroConfig(StackConfig):
     total_ut_steps: int
     early_exit_threshold: float
+    #: ``early_exit_step`` k (read by OuroForCausalLM when in [0, total_ut_steps)): its default
+    #: forward feeds the head loop k's state. Loops past k never reach loops <= k of any token, so
+    #: that is exactly k + 1 loops: :attr:`default_loops`.
+    early_exit_step: int | None = None
+
+    @property
+    def default_loops(self) -> int:
+        """The checkpoint's depth: ``early_exit_step + 1`` when the config forces an exit step, else
+        ``total_ut_steps``."""
+        step = self.early_exit_step
+        return step + 1 if step is not None and 0 <= step < self.total_ut_steps else self.total_ut_steps
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "OuroConfig":
+        # Defaults for omitted fields are OuroConfig's (the Qwen2-derived class of the public code):
+        # rope_theta 10000, max_position_embeddings 32768, num_key_value_heads 32 when the key is
+        # absent (an explicit null means num_attention_heads). Every release config gives them all.
+        if "num_key_value_heads" not in raw:
+            raw = {**raw, "num_key_value_heads": 32}
         r = ConfigReader(raw, "ouro")
-        common = StackConfig.common(r, "Ouro", max_positions=65536, rope_theta=1e6, eps=1e-6)
-        sliding = raw.get("use_sliding_window") or "sliding_attention" in (raw.get("layer_types") or ())
-        if sliding:
+        common = StackConfig.common(r, "Ouro", max_positions=32768, rope_theta=10000.0, eps=1e-6)
+        act = r.get("hidden_act", "silu")
+        if act != "silu":
+            raise CheckpointError(f"hidden_act {act!r} is not supported for Ouro (only 'silu', as released)")
+        if "sliding_attention" in _layer_types(raw, common["num_hidden_layers"]):
             raise CheckpointError("sliding-window attention layers are not supported for Ouro "
                                   "(use_sliding_window / layer_types); every Ouro release uses full attention")
+        step = r.get("early_exit_step")
         return cls(total_ut_steps=r.positive("total_ut_steps", int(r.get("total_ut_steps", 4))),
-                   early_exit_threshold=float(r.get("early_exit_threshold", 1.0)), **common)
+                   early_exit_threshold=float(r.get("early_exit_threshold", 1.0)),
+                   early_exit_step=None if step is None else int(step), **common)
+
+
+def _layer_types(raw: dict[str, Any], num_layers: int) -> list[str]:
+    """OuroConfig's layer types: as given, else sliding from ``max_window_layers`` (28) on when
+    ``use_sliding_window`` is set and ``sliding_window`` (4096) is not null."""
+    if raw.get("layer_types"):
+        return list(raw["layer_types"])
+    window = raw.get("sliding_window", 4096) if raw.get("use_sliding_window") else None
+    first = raw.get("max_window_layers", 28)
+    return ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(num_layers)]
 
 
 _SANDWICH_NORMS = ("input_layernorm", "input_layernorm_2", "post_attention_layernorm", "post_attention_layernorm_2")
@@ -56,7 +87,7 @@ class OuroModel(StackModel):
     """Runtime Ouro: fused projections, paged KV through an attention backend."""
 
     def __init__(self, cfg: OuroConfig, weights: dict[str, torch.Tensor]) -> None:
-        super().__init__(cfg, weights, num_loops=cfg.total_ut_steps, norm_names=_SANDWICH_NORMS)
+        super().__init__(cfg, weights, num_loops=cfg.default_loops, norm_names=_SANDWICH_NORMS)
         self.gate_w = weights["model.early_exit_gate.weight"].float()
         self.gate_b = weights["model.early_exit_gate.bias"].float()
 
@@ -70,7 +101,7 @@ class OuroModel(StackModel):
             o = self.attend(idx, layer, a, rope, kv, attention, meta)
             # h += RMS_in2(o_proj(o)); m = RMS_post(h)   (one fused pass on GPU)
             h, m = add_norm_norm(h, o, n["input_layernorm_2"], n["post_attention_layernorm"], eps)
-            act = silu_mul(F.linear(m, layer.gate_up))
+            act = linear_silu_mul(m, layer.gate_up)
             # h += RMS_post2(down(...)); then the next layer's RMS_in(h), or the end-of-loop norm
             nxt = self.norm if idx == last else self.layers[idx + 1].norms["input_layernorm"]
             h, a = add_norm_norm(h, F.linear(act, layer.down), n["post_attention_layernorm_2"], nxt, eps)

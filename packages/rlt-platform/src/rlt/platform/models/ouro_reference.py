@@ -43,7 +43,7 @@ class OuroReference:
         self.w = weights
         self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta)
         self.dtype = weights["model.embed_tokens.weight"].dtype
-        self.num_loops = getattr(cfg, "total_ut_steps", None) or cfg.num_loops
+        self.num_loops = getattr(cfg, "default_loops", None) or cfg.num_loops
 
     # -- one layer, dense ------------------------------------------------------------------------
     def _qkv(self, l: int, h: torch.Tensor, cos, sin):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from rlt.attention import AttentionBackend, AttentionMetadata, KVCache
 from rlt.platform.errors import CheckpointError
 from rlt.platform.models.base import LoopedModel, ModelShape, no_exit_gate
-from rlt.platform.models.fused_ops import rope_qk_
+from rlt.platform.models.fused_linear import linear_rope_kv
 from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
 
 
@@ -196,9 +196,12 @@ class StackModel(LoopedModel):
         """Attention sub-block of layer ``idx`` on its normalised input ``a``: o_proj(attn(...))."""
         cfg = self.cfg
         cos, sin = rope
-        q, k, v = rope_qk_(F.linear(a, layer.qkv), cos, sin, cfg.num_attention_heads, cfg.num_key_value_heads,
-                           cfg.head_dim)
-        attention.write_kv(kv, idx, k, v, meta)
+        # Decode-sized batches: one kernel projects, rotates and (for flat-slot backends) stores K/V.
+        store = (kv.k[idx], kv.v[idx], meta.slot_mapping) if attention.spec.flat_slot_kv_write else None
+        q, k, v, stored = linear_rope_kv(a, layer.qkv, cos, sin, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                         cfg.head_dim, store)
+        if not stored:
+            attention.write_kv(kv, idx, k, v, meta)
         return F.linear(attention.forward(q, kv, idx, meta, self.scale), layer.o)
 
     def exit_logit(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,249 @@
+"""Decode-kernel micro-benchmarks on a GPU: where a decode loop step's device time goes, kernel by kernel.
+
+Two parts, each timed as CUDA-graph replays of a sequence of calls over distinct weights / KV layers
+(as a loop step runs them, so nothing is served from L2 that would not be in a real step):
+
+* ``linear`` — the small-M kernels of ``rlt.platform.models.fused_linear`` against what they replace
+  (cuBLAS ``F.linear`` plus the separate RoPE / KV-store / SiLU kernels), for the Ouro-1.4B layer
+  shapes at several row counts, with a tile sweep; reports us per call and achieved GB/s of weight
+  traffic, and checks each fused result against the unfused one; the plain projections (o_proj,
+  down_proj, LM head) are timed on cuBLAS for the per-layer accounting.
+* ``attention`` — the Triton paged decode kernel per layer at C rows x context, for split policies
+  (``min_keys_per_split``) and split tile sizes, with slots resolved once per step (``prepare``) or
+  per call; reports us per layer against the KV byte floor.
+
+    python -m benchmarks.decode_kernels --out results.json            # everything
+    python -m benchmarks.decode_kernels --parts linear --rows 1,64     # a subset
+
+Prints one table per part and writes the numbers as JSON. GPU only (the kernels are Triton).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from rlt.platform.models import fused_linear as fl
+from rlt.platform.models.fused_ops import rope_qk_, silu_mul
+from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
+
+#: Ouro-1.4B (hidden 2048, intermediate 5632, 16 x 128 MHA heads, vocab 49152).
+HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 2048, 5632, 16, 16, 128, 49152
+
+
+def graph_time_ms(fn, reps: int = 20, batches: int = 5) -> float:
+    """Median over ``batches`` of (time of ``reps`` graph replays of ``fn``) / reps, in ms."""
+    fn()  # compile / warm up outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(batches):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            g.replay()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) / reps)
+    return statistics.median(out)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+# -- linear --------------------------------------------------------------------------------------------
+SHAPES = {  # name: (kind, weight rows, K)
+    "qkv+rope+kv": ("rope", (HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN),
+    "o_proj": ("plain", HIDDEN, HEADS * HEAD_DIM),
+    "gate_up+silu": ("silu", 2 * INTER, HIDDEN),
+    "down_proj": ("plain", HIDDEN, INTER),
+    "lm_head": ("plain", VOCAB, HIDDEN),
+}
+
+
+def _sweep_tiles(m: int, two: bool) -> list[fl.Tiles]:
+    bms = [16] if m <= 16 else ([32, 64] if m <= 32 else [64])
+    out = []
+    for bm, bn, bk, warps, stages in itertools.product(bms, (16, 32, 64), (128, 256), (4, 8), (3, 4)):
+        if (two and bn > 32) or (warps == 8 and bn < 64):
+            continue
+        out.append(fl.Tiles(bm, bn, bk, warps, stages))
+    return out
+
+
+def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, budget_bytes: int = 256 << 20) -> list[dict]:
+    dev = torch.device("cuda")
+    results = []
+    g = torch.Generator(device=dev).manual_seed(0)
+    for name, (kind, n, k) in SHAPES.items():
+        copies = max(2, math.ceil(budget_bytes / (n * k * 2)))
+        ws = [(torch.randn(n, k, device=dev, generator=g, dtype=torch.float32) * k ** -0.5).to(dtype) for _ in range(copies)]
+        nbytes = n * k * 2
+        for m in rows:
+            x = torch.randn(m, k, device=dev, generator=g, dtype=torch.float32).to(dtype)
+            cos, sin = rope_cos_sin(torch.arange(m, device=dev) + 1000, rope_inv_freq(HEAD_DIM, 1e6, device=dev), dtype)
+            kc = torch.zeros(4096, KV_HEADS * HEAD_DIM, device=dev, dtype=dtype)
+            vc = torch.zeros_like(kc)
+            slots = torch.arange(m, device=dev, dtype=torch.int64) * 7
+
+            def unfused(w, x=x, cos=cos, sin=sin, kc=kc, vc=vc, slots=slots):
+                if kind == "rope":
+                    q, kk, v = rope_qk_(F.linear(x, w), cos, sin, HEADS, KV_HEADS, HEAD_DIM)
+                    kc.index_copy_(0, slots, kk.reshape(m, -1))
+                    vc.index_copy_(0, slots, v.reshape(m, -1))
+                    return q
+                if kind == "silu":
+                    return silu_mul(F.linear(x, w))
+                return F.linear(x, w)
+
+            def fused(w, tiles=None, x=x, cos=cos, sin=sin, kc=kc, vc=vc, slots=slots):
+                if kind == "rope":
+                    return fl.linear_rope_kv(x, w, cos, sin, HEADS, KV_HEADS, HEAD_DIM, (kc, vc, slots), tiles)[0]
+                return fl.linear_silu_mul(x, w, tiles)
+
+            base = graph_time_ms(lambda: [unfused(w) for w in ws]) / copies
+            row = {"shape": name, "rows": m, "weight_mb": nbytes / 2**20, "unfused_us": base * 1e3,
+                   "unfused_gbps": nbytes / base / 1e6}
+            if kind == "plain":  # cuBLAS only: the per-layer accounting
+                results.append(row)
+                print(f"{name:14s} m={m:4d}  cuBLAS {row['unfused_us']:7.1f} us ({row['unfused_gbps']:6.0f} GB/s)", flush=True)
+                continue
+            err = rel_err(fused(ws[0]), unfused(ws[0]))
+            dflt = graph_time_ms(lambda: [fused(w) for w in ws]) / copies
+            row.update(fused_us=dflt * 1e3, fused_gbps=nbytes / dflt / 1e6, rel_err=err,
+                       default_tiles=list(fl._tiles(m, "rope_kv" if kind == "rope" else "silu_mul")))
+            if m in sweep_rows:
+                best = None
+                for t in _sweep_tiles(m, kind != "plain"):
+                    if kind == "rope" and t.block_n > HEAD_DIM // 2:
+                        continue
+                    try:
+                        ms = graph_time_ms(lambda t=t: [fused(w, t) for w in ws], reps=10, batches=3) / copies
+                        e = rel_err(fused(ws[0], t), unfused(ws[0]))
+                    except Exception as exc:  # noqa: BLE001 - a config the compiler refuses (resources)
+                        print(f"  {name} m={m} {tuple(t)}: {type(exc).__name__}: {str(exc)[:80]}")
+                        continue
+                    if e > 2e-2:
+                        print(f"  {name} m={m} {tuple(t)}: rel err {e:.2e} (rejected)")
+                        continue
+                    if best is None or ms < best[0]:
+                        best = (ms, t)
+                if best:
+                    row.update(best_us=best[0] * 1e3, best_tiles=list(best[1]), best_gbps=nbytes / best[0] / 1e6)
+            results.append(row)
+            print(f"{name:14s} m={m:4d}  unfused {row['unfused_us']:7.1f} us ({row['unfused_gbps']:6.0f} GB/s)  "
+                  f"fused {row['fused_us']:7.1f} us ({row['fused_gbps']:6.0f} GB/s)"
+                  + (f"  best {row['best_us']:7.1f} us {tuple(row['best_tiles'])}" if "best_us" in row else "")
+                  + f"  err {err:.1e}", flush=True)
+        del ws
+        torch.cuda.empty_cache()
+    return results
+
+
+# -- attention ---------------------------------------------------------------------------------------------
+def bench_attention(cases: list[tuple[int, int]], dtype=torch.bfloat16) -> list[dict]:
+    from rlt.attention import AttentionMetadata, KVCache, KVLayout
+    from rlt.attention.backends.triton_backend import DecodeTiles, TritonBackend
+
+    dev = torch.device("cuda")
+    bs, planes = 16, 4
+    results = []
+    for rows, ctx in cases:
+        layers = 24 if rows * ctx * KV_HEADS * HEAD_DIM * 4 < (64 << 20) else 1
+        pages = -(-ctx // bs)
+        nblocks = rows * pages * planes
+        kv = KVCache.allocate(num_layers=layers, num_blocks=nblocks, block_size=bs, num_kv_heads=KV_HEADS,
+                              head_dim=HEAD_DIM, num_planes=planes, layout=KVLayout.LAST_EXITED, dtype=dtype, device=dev)
+        kv.k.normal_()
+        kv.v.normal_()
+        kv.token_depth.fill_(planes - 1)
+        perm = torch.randperm(nblocks, device=dev).to(torch.int32)
+        bt = perm.view(rows, planes, pages)
+        depth = torch.randint(0, planes, (rows,), device=dev, dtype=torch.int32)
+        seq = torch.full((rows,), ctx, device=dev, dtype=torch.int32)
+        meta = AttentionMetadata(
+            query_start_loc=torch.arange(rows + 1, device=dev, dtype=torch.int32), seq_lens=seq, query_depth=depth,
+            block_tables=bt, slot_mapping=torch.zeros(rows, device=dev, dtype=torch.int64),
+            plane0_slot_mapping=torch.zeros(rows, device=dev, dtype=torch.int64), token_query_depth=depth,
+            positions=seq.long() - 1, max_query_len=1, max_seq_len=ctx, layout=KVLayout.LAST_EXITED)
+        q = torch.randn(rows, HEADS, HEAD_DIM, device=dev, dtype=dtype)
+        floor_us = rows * ctx * KV_HEADS * HEAD_DIM * 2 * 2 / 4.2e12 * 1e6
+        reference = None
+        variants = [("current (per-call resolve)", TritonBackend(), False)]
+        for mk, bn, st in itertools.product((32, 64, 128, 256), (16, 32, 64), (3,)):
+            variants.append((f"prepare, min_keys {mk}, split tiles {bn}x{st}",
+                             TritonBackend(min_keys_per_split=mk, split_decode_tiles=DecodeTiles(block_n=bn, num_stages=st)), True))
+        for label, be, use_prepare in variants:
+            def step(be=be, use_prepare=use_prepare):
+                m = be.prepare(kv, meta) if use_prepare else meta
+                return [be.forward(q, kv, layer, m, HEAD_DIM ** -0.5) for layer in range(layers)]
+
+            out = step()[0]
+            if reference is None:
+                reference = out
+            err = rel_err(out, reference)
+            ms = graph_time_ms(step, reps=10, batches=3) / layers
+            splits = be.splits_for(rows, KV_HEADS, ctx, dev)
+            results.append({"rows": rows, "context": ctx, "variant": label, "us_per_layer": ms * 1e3,
+                            "floor_us": floor_us, "splits": splits, "rel_err": err})
+        best = min((r for r in results if r["rows"] == rows and r["context"] == ctx), key=lambda r: r["us_per_layer"])
+        cur = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"].startswith("current"))
+        dflt = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"] == "prepare, min_keys 256, split tiles 32x3")
+        print(f"attention C={rows:4d} ctx={ctx:6d}: current {cur['us_per_layer']:.1f} us, prepare+default "
+              f"{dflt['us_per_layer']:.1f} us, best {best['us_per_layer']:.1f} us ({best['variant']}, splits "
+              f"{best['splits']}), floor {floor_us:.1f} us", flush=True)
+        del kv
+        torch.cuda.empty_cache()
+    return results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", default="linear,attention")
+    ap.add_argument("--rows", default="1,2,4,8,16,32,64,128")
+    ap.add_argument("--sweep-rows", default="1,64")
+    ap.add_argument("--attention-cases", default="1x1024,1x4096,8x1024,64x1024,128x1024")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_kernels needs a CUDA/ROCm GPU")
+    t0 = time.time()
+    res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    try:
+        import triton
+
+        res["triton"] = triton.__version__
+    except ImportError:
+        pass
+    parts = args.parts.split(",")
+    if "linear" in parts:
+        res["linear"] = bench_linear([int(r) for r in args.rows.split(",")], [int(r) for r in args.sweep_rows.split(",") if r])
+    if "attention" in parts:
+        cases = [tuple(int(v) for v in c.split("x")) for c in args.attention_cases.split(",") if c]
+        res["attention"] = bench_attention(cases)
+    res["seconds"] = time.time() - t0
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

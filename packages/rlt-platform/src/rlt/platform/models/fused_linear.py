@@ -1,0 +1,252 @@
+"""Linear layers for decode-sized batches (few rows), with their elementwise tails fused in (Triton).
+
+A decode step multiplies a handful of rows by every weight of the stack: the time is the weight
+bytes plus, per kernel, a launch and a ramp-up/tail of a few microseconds. Two layer parts end in
+elementwise work that cuBLAS cannot take into its epilogue, and cost a GEMM launch plus one or two
+small kernels each; these kernels do each part in one launch, streaming each weight row once and
+keeping every row of the batch in one ``tl.dot`` tile (M padded to 16 for the tensor cores; the
+extra rows are free next to the weight traffic):
+
+* :func:`linear_silu_mul` — the SwiGLU MLP's ``silu(x @ G.T) * (x @ U.T)`` from the fused
+  ``[G; U]`` weight (replaces the gate/up GEMM and :func:`~rlt.platform.models.fused_ops.silu_mul`);
+* :func:`linear_rope_kv` — the fused q/k/v projection, split-half RoPE on the q and k heads, and
+  (optionally) the paged KV store of the k and v heads at their flat slots (replaces the qkv GEMM,
+  :func:`~rlt.platform.models.fused_ops.rope_qk_` and the backend's ``write_kv``).
+
+Plain projections (o_proj, down_proj, the LM head) stay on cuBLAS: a Triton GEMV with the same
+tiles was not faster on the H200 (``benchmarks/decode_kernels.py``, 2026-12-04: o_proj 6.1 vs
+6.1 us, down_proj 12.3 vs 11.1 us at one row), while the two fused parts gained 16.2 -> 10.0 us
+(qkv + RoPE + KV store) and 15.3 -> 14.1 us (gate/up + SiLU) at one row, 18.2 -> 12.1 and
+17.9 -> 16.5 us at 64 rows.
+
+Rounding follows the eager op sequence they replace (a bf16 op computes in fp32 and rounds once):
+the projection is rounded to the activation dtype before RoPE / SiLU, each RoPE product and the
+SiLU output are rounded as torch rounds them. The fp32 accumulation order inside the dot differs
+from cuBLAS (as any two GEMM kernels do); fp32 uses exact ("ieee") dots.
+
+The dispatch (:func:`small_m_usable`) is decided from shapes and the device only, so a captured
+graph replays the same kernels: Triton on CUDA/ROCm tensors (or the interpreter), at most
+``max_rows`` rows; anything else takes the eager ops. ``RLT_FUSED_LINEAR=0`` turns the kernels
+off (for A/B measurements). Tiles come from :func:`_tiles` (the H200 sweep above).
+
+The KV store in :func:`linear_rope_kv` writes the same thing at the same place as the flat-slot
+``write_kv`` of the Torch / Triton / FlashAttention backends (``k[layer].view(-1, kv_heads * d)
+[slot] = k_row``; a negative slot writes nothing); a backend that stores KV differently declares
+``BackendSpec.flat_slot_kv_write = False`` and the model keeps calling its ``write_kv``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from rlt.platform.models.fused_ops import _interpreting, rope_qk_, silu_mul, triton
+
+#: Most rows each fused kernel serves (above it the GEMM + elementwise kernels were as fast).
+MAX_ROWS_ROPE_KV = 128
+MAX_ROWS_SILU_MUL = 64
+
+if triton is not None:
+    import triton.language as tl
+    from triton.language.extra import libdevice
+
+    @triton.jit
+    def _dot2(X, W, rows_a, rows_b, mask_a, mask_b, offs_m, mask_m, K: tl.constexpr, stride_xm, stride_wn,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+              TWO: tl.constexpr, PRECISION: tl.constexpr):
+        """``X[offs_m] @ W[rows_a].T`` (and ``@ W[rows_b].T`` when TWO) in fp32."""
+        acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        offs_k = tl.arange(0, BLOCK_K)
+        x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
+        wa_ptrs = W + rows_a[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+        wb_ptrs = W + rows_b[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+        for k in range(0, K, BLOCK_K):
+            if EVEN_K:
+                x = tl.load(x_ptrs, mask=mask_m[:, None], other=0.0)
+                wa = tl.load(wa_ptrs, mask=mask_a[:, None], other=0.0)
+            else:
+                mk = (k + offs_k) < K
+                x = tl.load(x_ptrs, mask=mask_m[:, None] & mk[None, :], other=0.0)
+                wa = tl.load(wa_ptrs, mask=mask_a[:, None] & mk[None, :], other=0.0)
+            acc_a = tl.dot(x, tl.trans(wa), acc_a, input_precision=PRECISION)
+            if TWO:
+                if EVEN_K:
+                    wb = tl.load(wb_ptrs, mask=mask_b[:, None], other=0.0)
+                else:
+                    wb = tl.load(wb_ptrs, mask=mask_b[:, None] & mk[None, :], other=0.0)
+                acc_b = tl.dot(x, tl.trans(wb), acc_b, input_precision=PRECISION)
+            x_ptrs += BLOCK_K
+            wa_ptrs += BLOCK_K
+            wb_ptrs += BLOCK_K
+        return acc_a, acc_b
+
+    @triton.jit
+    def _linear_silu_mul_kernel(X, W, OUT, M, I, K: tl.constexpr, stride_xm, stride_wn, stride_om,
+                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr):
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_n, mask_m = cols < I, offs_m < M
+        acc_g, acc_u = _dot2(X, W, cols, cols + I, mask_n, mask_n, offs_m, mask_m, K, stride_xm, stride_wn,
+                             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, PRECISION)
+        dt = OUT.dtype.element_ty
+        g = acc_g.to(dt).to(tl.float32)  # the gate/up GEMM output, rounded as F.linear rounds it
+        u = acc_u.to(dt).to(tl.float32)
+        if ACCURATE_EXP:  # libdevice expf, as torch's silu (the interpreter has no libdevice)
+            e = libdevice.exp(-g)
+        else:
+            e = tl.exp(-g)
+        act = (g / (1.0 + e)).to(dt).to(tl.float32)
+        tl.store(OUT + offs_m[:, None].to(tl.int64) * stride_om + cols[None, :], (act * u).to(dt),
+                 mask=mask_m[:, None] & mask_n[None, :])
+
+    @triton.jit
+    def _linear_rope_kv_kernel(X, W, OUT, COS, SIN, K_CACHE, V_CACHE, SLOTS,
+                               M, K: tl.constexpr, stride_xm, stride_wn, stride_om, stride_cs,
+                               NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               EVEN_K: tl.constexpr, PRECISION: tl.constexpr, WRITE_KV: tl.constexpr):
+        """One program: rows ``[j*B, j*B+B)`` and ``[half + j*B, ...)`` of one head (RoPE partners)."""
+        HALF: tl.constexpr = HEAD_DIM // 2
+        CHUNKS: tl.constexpr = HALF // BLOCK_N
+        pid = tl.program_id(0)
+        head = pid // CHUNKS
+        dims_a = (pid % CHUNKS) * BLOCK_N + tl.arange(0, BLOCK_N)
+        dims_b = dims_a + HALF
+        offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < M
+        all_n = dims_a < HALF
+        acc_a, acc_b = _dot2(X, W, head * HEAD_DIM + dims_a, head * HEAD_DIM + dims_b, all_n, all_n, offs_m,
+                             mask_m, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, PRECISION)
+        dt = OUT.dtype.element_ty
+        xa = acc_a.to(dt)
+        xb = acc_b.to(dt)
+        if head < NUM_Q + NUM_KV:  # q and k heads: x * cos + rotate_half(x) * sin, each product rounded
+            cs = offs_m[:, None].to(tl.int64) * stride_cs
+            mask_cs = mask_m[:, None]
+            ca = tl.load(COS + cs + dims_a[None, :], mask=mask_cs, other=0.0).to(tl.float32)
+            cb = tl.load(COS + cs + dims_b[None, :], mask=mask_cs, other=0.0).to(tl.float32)
+            sa = tl.load(SIN + cs + dims_a[None, :], mask=mask_cs, other=0.0).to(tl.float32)
+            sb = tl.load(SIN + cs + dims_b[None, :], mask=mask_cs, other=0.0).to(tl.float32)
+            fa = xa.to(tl.float32)
+            fb = xb.to(tl.float32)
+            ra = ((fa * ca).to(dt).to(tl.float32) + ((-fb) * sa).to(dt).to(tl.float32)).to(dt)
+            rb = ((fb * cb).to(dt).to(tl.float32) + (fa * sb).to(dt).to(tl.float32)).to(dt)
+        else:
+            ra = xa
+            rb = xb
+        out = OUT + offs_m[:, None].to(tl.int64) * stride_om + head * HEAD_DIM
+        tl.store(out + dims_a[None, :], ra, mask=mask_m[:, None])
+        tl.store(out + dims_b[None, :], rb, mask=mask_m[:, None])
+        if WRITE_KV:
+            if head >= NUM_Q:
+                slot = tl.load(SLOTS + offs_m, mask=mask_m, other=-1)
+                is_v = head >= NUM_Q + NUM_KV
+                kv_head = head - NUM_Q - is_v.to(tl.int32) * NUM_KV
+                dst = slot[:, None].to(tl.int64) * (NUM_KV * HEAD_DIM) + kv_head * HEAD_DIM
+                keep = mask_m[:, None] & (slot[:, None] >= 0)
+                ct = K_CACHE.dtype.element_ty
+                tl.store(K_CACHE + dst + dims_a[None, :], ra.to(ct), mask=keep & (not is_v))
+                tl.store(K_CACHE + dst + dims_b[None, :], rb.to(ct), mask=keep & (not is_v))
+                tl.store(V_CACHE + dst + dims_a[None, :], ra.to(ct), mask=keep & is_v)
+                tl.store(V_CACHE + dst + dims_b[None, :], rb.to(ct), mask=keep & is_v)
+
+
+def _enabled() -> bool:
+    return os.environ.get("RLT_FUSED_LINEAR", "1") != "0"
+
+
+def small_m_usable(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> bool:
+    """Whether the decode-sized kernels serve ``x @ weight.T`` (shape and device only: graph-safe)."""
+    return (triton is not None and _enabled() and 0 < x.shape[0] <= max_rows and x.dim() == 2
+            and (x.is_cuda or _interpreting()) and x.dtype == weight.dtype and x.stride(-1) == 1
+            and weight.stride(-1) == 1)
+
+
+class Tiles(NamedTuple):
+    """Launch shape: rows per dot tile (>= 16), weight rows and K columns per step, warps, stages."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def _tiles(m: int, kind: str) -> Tiles:
+    """The tiles of ``kind`` ("rope_kv" or "silu_mul") for ``m`` rows (the H200 sweep's best)."""
+    if m <= 16:
+        return Tiles(16, 32, 256 if kind == "rope_kv" else 128, 4, 4)
+    return Tiles(64, 32, 128, 4, 4 if kind == "rope_kv" else 3)
+
+
+#: Shared memory a program's pipeline buffers may use (H100/H200 allow 227 KiB; keep headroom).
+SHARED_MEMORY_BYTES = 200 * 1024
+
+
+def _fit(tiles: Tiles, k: int, elem: int) -> Tiles:
+    """``tiles`` with the K tile no wider than K and the stage buffers (x tile + two weight tiles
+    per stage, ``elem`` bytes each) inside shared memory: fp32 halves what bf16 fits."""
+    t = tiles._replace(block_k=min(tiles.block_k, max(16, triton.next_power_of_2(k))))
+    while t.num_stages * (t.block_m + 2 * t.block_n) * t.block_k * elem > SHARED_MEMORY_BYTES:
+        if t.block_k > 64:
+            t = t._replace(block_k=t.block_k // 2)
+        elif t.num_stages > 2:
+            t = t._replace(num_stages=t.num_stages - 1)
+        else:
+            break
+    return t
+
+
+def _precision(x: torch.Tensor) -> str:
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None = None) -> torch.Tensor:
+    """``silu(g) * u`` with ``[g | u] = F.linear(x, gate_up)`` (``gate_up = [G; U]``, ``[2I, K]``)."""
+    if not small_m_usable(x, gate_up, MAX_ROWS_SILU_MUL):
+        return silu_mul(F.linear(x, gate_up))
+    m, k = x.shape
+    inter = gate_up.shape[0] // 2
+    out = torch.empty((m, inter), dtype=x.dtype, device=x.device)
+    bm, bn, bk, warps, stages = _fit(tiles or _tiles(m, "silu_mul"), k, x.element_size())
+    _linear_silu_mul_kernel[(triton.cdiv(inter, bn), triton.cdiv(m, bm))](
+        x, gate_up, out, m, inter, k, x.stride(0), gate_up.stride(0), out.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0, PRECISION=_precision(x),
+        ACCURATE_EXP=not _interpreting(), num_warps=warps, num_stages=stages)
+    return out
+
+
+def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   num_q_heads: int, num_kv_heads: int, head_dim: int,
+                   kv_store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                   tiles: Tiles | None = None):
+    """q/k/v projection with split-half RoPE on q and k: returns views ``q, k, v`` and whether the
+    kernel already stored k and v into ``kv_store = (k_cache_layer, v_cache_layer, slot_mapping)``
+    (flat slot rows; slots < 0 are skipped). When it returns False the caller writes the KV."""
+    half = head_dim // 2
+    fusable = small_m_usable(x, qkv_weight, MAX_ROWS_ROPE_KV) and head_dim % 2 == 0 and half >= 16 and (half & (half - 1)) == 0
+    if not fusable:
+        q, k, v = rope_qk_(F.linear(x, qkv_weight), cos, sin, num_q_heads, num_kv_heads, head_dim)
+        return q, k, v, False
+    m, kdim = x.shape
+    heads = num_q_heads + 2 * num_kv_heads
+    out = torch.empty((m, heads * head_dim), dtype=x.dtype, device=x.device)
+    bm, bn, bk, warps, stages = _fit(tiles or _tiles(m, "rope_kv"), kdim, x.element_size())
+    bn = min(bn, half)
+    write = kv_store is not None and cos.stride(-1) == 1 and sin.stride(0) == cos.stride(0)
+    k_cache, v_cache, slots = kv_store if write else (out, out, out)
+    _linear_rope_kv_kernel[(heads * (half // bn), triton.cdiv(m, bm))](
+        x, qkv_weight, out, cos, sin, k_cache, v_cache, slots,
+        m, kdim, x.stride(0), qkv_weight.stride(0), out.stride(0), cos.stride(0),
+        NUM_Q=num_q_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        EVEN_K=kdim % bk == 0, PRECISION=_precision(x), WRITE_KV=write, num_warps=warps, num_stages=stages)
+    qd, kd = num_q_heads * head_dim, num_kv_heads * head_dim
+    q = out[:, :qd].view(m, num_q_heads, head_dim)
+    k = out[:, qd:qd + kd].view(m, num_kv_heads, head_dim)
+    v = out[:, qd + kd:].view(m, num_kv_heads, head_dim)
+    return q, k, v, write

@@ -1,0 +1,90 @@
+"""The decode-sized linear kernels (``rlt.platform.models.fused_linear``) against the eager ops they
+replace, under the Triton interpreter on CPU (the GPU versions: tests/gpu/test_fused_ops_gpu.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from rlt.platform.models import fused_linear
+
+pytest.importorskip("triton")
+
+SCRIPT = textwrap.dedent("""
+    import torch
+    import torch.nn.functional as F
+    from rlt.platform.models import fused_linear as fl
+    from rlt.platform.models.fused_ops import rope_qk_, silu_mul
+    from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float16):
+        tol = 1e-4 if dtype == torch.float32 else 2e-2   # fp16: the dot's sum order may flip a rounding
+        for m in (1, 3, 17):                            # 17: two row blocks of the dot tile
+            for n, k in ((80, 96), (48, 300)):          # K not a multiple of the K tile; N tail masked
+                x = torch.randn(m, k, generator=g).to(dtype)
+                gu = torch.randn(2 * n, k, generator=g).to(dtype)
+                assert fl.small_m_usable(x, gu, fl.MAX_ROWS_SILU_MUL)
+                got, want = fl.linear_silu_mul(x, gu), silu_mul(F.linear(x, gu), use_triton=False)
+                assert got.shape == want.shape and (got.float() - want.float()).abs().max() <= tol * want.float().abs().max() + 1e-3, (dtype, m)
+            nq, nkv, d = 4, 2, 32
+            x = torch.randn(m, 96, generator=g).to(dtype)
+            wq = torch.randn((nq + 2 * nkv) * d, 96, generator=g).to(dtype)
+            cos, sin = rope_cos_sin(torch.arange(m) * 7 + 3, rope_inv_freq(d, 1e4), dtype)
+            kc = torch.full((20, nkv * d), 7.0, dtype=dtype)
+            vc = torch.full((20, nkv * d), 7.0, dtype=dtype)
+            slots = torch.tensor([9, -1, 4, 2, 0, 1, 3, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15][:m])
+            q, k, v, stored = fl.linear_rope_kv(x, wq, cos, sin, nq, nkv, d, (kc, vc, slots))
+            q0, k0, v0 = rope_qk_(F.linear(x, wq), cos, sin, nq, nkv, d, use_triton=False)
+            assert stored
+            for got, want in ((q, q0), (k, k0), (v, v0)):
+                assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max() + 1e-3, dtype
+            written = {s: i for i, s in enumerate(slots.tolist()) if s >= 0}
+            for s in range(20):   # each slot holds its token's rotated k / plain v; the rest untouched
+                if s in written:
+                    assert torch.equal(kc[s], k[written[s]].reshape(-1)) and torch.equal(vc[s], v[written[s]].reshape(-1))
+                else:
+                    assert bool((kc[s] == 7).all()) and bool((vc[s] == 7).all()), s
+            q2, k2, v2, stored2 = fl.linear_rope_kv(x, wq, cos, sin, nq, nkv, d, None)
+            assert not stored2 and torch.equal(q2, q) and torch.equal(k2, k) and torch.equal(v2, v)
+    print("ok")
+""")
+
+
+def test_fused_linear_matches_eager_under_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_dispatch_is_decided_by_shape_and_device():
+    from rlt.platform.models.fused_ops import silu_mul
+
+    x, w = torch.randn(2, 8), torch.randn(4, 8)
+    assert not fused_linear.small_m_usable(x, w, 64)  # CPU tensors without the interpreter: the eager ops
+    assert torch.equal(fused_linear.linear_silu_mul(x, w), silu_mul(torch.nn.functional.linear(x, w), use_triton=False))
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:  # the interpreter would run the kernels, but not above the row limits
+        assert fused_linear.small_m_usable(x, w, 64)
+        assert not fused_linear.small_m_usable(torch.randn(fused_linear.MAX_ROWS_SILU_MUL + 1, 8), w,
+                                               fused_linear.MAX_ROWS_SILU_MUL)
+        assert not fused_linear.small_m_usable(x.to(torch.float16), w, 64)  # mixed dtypes
+    finally:
+        del os.environ["TRITON_INTERPRET"]
+
+
+def test_tiles_fit_shared_memory_in_every_dtype():
+    """The H200 run of 2026-12-04 found fp32 at the bf16 tiles needing 240 KB of shared memory."""
+    for m in (1, 16, 17, 64, 128):
+        for kind in ("rope_kv", "silu_mul"):
+            for elem in (2, 4):
+                for k in (64, 1024, 2048, 5632):
+                    t = fused_linear._fit(fused_linear._tiles(m, kind), k, elem)
+                    assert t.num_stages * (t.block_m + 2 * t.block_n) * t.block_k * elem <= fused_linear.SHARED_MEMORY_BYTES
+                    assert t.block_k <= max(16, 1 << (k - 1).bit_length())
+    # bf16 keeps the swept tiles
+    assert fused_linear._fit(fused_linear._tiles(1, "rope_kv"), 2048, 2) == fused_linear._tiles(1, "rope_kv")
