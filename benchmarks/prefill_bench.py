@@ -16,8 +16,8 @@ Workloads (``--workload``, several allowed):
 - ``smooth``: ``--decoders`` (32) requests decoding while ``--arrival-len`` (16384) prompts arrive
   every ``--arrive-every`` seconds for ``--duration`` seconds, for each of ``--modes``: the
   decoders' inter-token latency p50 / p99 and the long prompts' TTFT. Modes: ``full`` (no
-  chunked prefill, a budget that fits the prompt), ``chunked`` (rlt-prefill's defaults: the
-  engine's default budget, the decode-smoothness cap), ``wavefront`` (the cap, WCPB with
+  chunked prefill, a budget that fits the prompt), ``chunked`` (the engine's default budget, the
+  decode-smoothness cap at ratio 1.5, which is opt-in), ``wavefront`` (the cap, WCPB with
   ``--wavefront-chunk`` chunks), ``chunked-r2`` (the cap at ratio 2), ``budget2048`` (vLLM-style:
   a 2,048-token budget shared with decode rows, no cap; the setting measured before the cap).
   Every step is recorded (wall time, decode tokens, prompt rows, their attention units) and the
@@ -215,10 +215,11 @@ def logprobs(model, args):
 
 def smooth(model, args, mode):
     from rlt.platform import SamplingParams
+    from rlt.prefill.scheduler import SMOOTH_STEP_RATIO
 
     kw = {"full": dict(budget=args.arrival_len + args.decoders + 64, chunked=False),
-          "chunked": dict(chunk=args.chunk),
-          "wavefront": dict(chunk=args.wavefront_chunk, wavefront=True),
+          "chunked": dict(chunk=args.chunk, smooth={"decode_step_ratio": SMOOTH_STEP_RATIO}),
+          "wavefront": dict(chunk=args.wavefront_chunk, wavefront=True, smooth={"decode_step_ratio": SMOOTH_STEP_RATIO}),
           "chunked-r2": dict(chunk=args.chunk, smooth={"decode_step_ratio": 2.0}),
           "budget2048": dict(budget=2048, chunk=args.chunk, smooth={"decode_step_ratio": 0})}[mode]
     engine = _engine(model, max_num_seqs=args.decoders + 8, **kw)

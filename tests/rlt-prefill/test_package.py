@@ -55,4 +55,4 @@ def test_cli_flags_are_generated_from_the_options():
     assert (o.chunk_size, o.wavefront, o.max_inflight_tokens) == (64, True, 256)
     assert (o.decode_step_ratio, o.step_overhead_tokens, o.attention_tokens) == (1.75, 1500, 8000)
     d = options_from_args(FEATURES, parser.parse_args([]))[1]["chunked_prefill"]
-    assert (d.decode_step_ratio, d.step_overhead_tokens, d.attention_tokens) == (1.5, 2048, 0)
+    assert (d.decode_step_ratio, d.step_overhead_tokens, d.attention_tokens) == (0, 2048, 0)  # the cap is opt-in

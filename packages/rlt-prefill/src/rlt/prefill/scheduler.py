@@ -66,9 +66,13 @@ from rlt.attention import KVLayout
 from rlt.platform.engine.chunking import PromptChunker, PromptRun
 from rlt.platform.errors import ConfigError
 
-#: ``--chunked-prefill-decode-step-ratio`` default: a mixed step at most 1.5x a decode-only step,
-#: leaving room for host jitter under the issue's p99 <= 2x p50 ITL target.
-DEFAULT_STEP_RATIO = 1.5
+#: ``--chunked-prefill-decode-step-ratio`` default: off. The cap is opt-in: it throttles bursts of
+#: new prompts whenever anything decodes, and its step-cost constants were fitted to the eager
+#: executor (not to rlt-decode's graph-replayed decode steps) and not yet measured with the cap on.
+DEFAULT_STEP_RATIO = 0.0
+#: The ratio the docs and the smoothness benchmark use for the ITL p99 <= 2x p50 target: a mixed
+#: step at most 1.5x a decode-only step, leaving room for host jitter.
+SMOOTH_STEP_RATIO = 1.5
 #: ``--chunked-prefill-step-overhead-tokens`` default: C0 = T0 / a0 on the H200 with the eager
 #: executor at Ouro-1.4B shapes (T0 ~ 11 ms per decode-only step of 32 rows, a0 ~ 4.3 us per
 #: row-loop from the full 16K prefill step: 119 ms for 16,384 rows at mean context 8K).
