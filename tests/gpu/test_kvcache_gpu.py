@@ -1,6 +1,6 @@
 """GPU: rlt-kvcache on CUDA with the Triton backend — fp32 greedy token-identical to the oracle
-under forced preemption (swap through pinned host memory, and recompute) and prefix-cache hits;
-seeded sampling identical with and without preemption; a bf16 swap round trip is bit-exact."""
+under forced preemption (swap through pinned host memory, and recompute) and prefix-cache hits
+(also a burst that computes its shared prefix once); seeded sampling identical with and without preemption; a bf16 swap round trip is bit-exact."""
 
 from __future__ import annotations
 
@@ -64,6 +64,23 @@ def test_preemption_and_prefix_fp32_equal_oracle_on_cuda(tiny_checkpoint, mode):
         assert (list(o.token_ids), list(o.exit_depths)) == reference_generate(ref, p, max_tokens=24)
     m = _metrics(eng)
     assert m["kv_preemptions"] > 0 and m["prefix_cache_hit_tokens"] > 0
+
+
+def test_burst_sharing_a_prefix_computes_it_once_and_hits_equal_oracle_on_cuda(tiny_checkpoint):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    path = tiny_checkpoint(seed=63, head_dim=16, hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    rng = random.Random(8)
+    system = [rng.randrange(3, 320) for _ in range(48)]  # 3 pages
+    prompts = [system + [rng.randrange(3, 320) for _ in range(rng.randint(1, 9))] for _ in range(8)]
+    sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    eng = _engine(path, prefix=True, max_num_seqs=8)
+    outs = _run(eng, prompts, sp)
+    ck = load_checkpoint(path, dtype=torch.float32)
+    ref = ck.family.build_reference(ck.config, ck.weights)
+    for p, o in zip(prompts, outs):
+        assert (list(o.token_ids), list(o.exit_depths)) == reference_generate(ref, p, max_tokens=12)
+    m = _metrics(eng)  # r0 computes the system prompt; the 7 others wait for it and hit every page of it
+    assert m["prefix_cache_inflight_waits"] == 7 and m["prefix_cache_hit_tokens"] == 7 * 48
 
 
 def test_seeded_sampling_same_with_and_without_preemption_on_cuda(tiny_checkpoint):

@@ -111,3 +111,31 @@ def test_static_buffers_on_top_with_incremental_pages(tiny_checkpoint, mode):
     outs = _run(engine, items)
     _check(path, items, outs)
     assert _metrics(engine)["kv_preemptions"] > 0
+
+
+@pytest.mark.parametrize("wavefront", [False, True])
+def test_a_burst_sharing_a_prefix_computes_it_once_under_chunked_prefill(tiny_checkpoint, wavefront):
+    """Chunked prefill admits a request for one budget token, so before in-flight prefixes were waited
+    for, every request of a burst computed the shared prompt itself (no hit at all)."""
+    path = tiny_checkpoint(seed=34)
+    engine = _engine(path, chunk=5, wavefront=wavefront, mode=None, seqs=8, budget=16)
+    rng = random.Random(5)
+    items = [(SHARED + [rng.randrange(3, 320) for _ in range(rng.randint(1, 4))],
+              SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)) for _ in range(6)]
+    computed = []  # (request, start, length) of every depth-0 prompt row
+
+    class Watch:
+        def on_step(self, batch, result):
+            computed.extend((r.request.request_id, r.start, r.length) for r in batch.rows if r.in_prompt and r.depth == 0)
+
+    engine.add_observer(Watch())
+    for i, (p, sp) in enumerate(items):
+        engine.add_request(f"r{i}", p, sp)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update((o.request_id, o) for o in engine.step() if o.finished)
+    _check(path, items, [done[f"r{i}"] for i in range(len(items))])
+    shared = len(SHARED)  # 3 pages of 4
+    assert sum(max(0, min(s + n, shared) - s) for _, s, n in computed) == shared  # once, by r0
+    m = _metrics(engine)
+    assert m["prefix_cache_hit_tokens"] == 5 * shared and m["prefix_cache_inflight_waits"] == 5

@@ -63,3 +63,25 @@ def test_claimed_evictable_pages_are_charged_and_growth_takes_every_plane():
     assert not kv.grow(1, hit, 17)  # no block left: nothing changes
     assert kv.held_blocks(1) == 8
     kv.audit()
+
+
+def test_pages_being_computed_make_sharers_wait_until_published_or_released():
+    kv = _kv(num_blocks=24)
+    owner = _req(0, range(10, 23))  # 13 tokens: 3 full pages it computes and publishes
+    sharer = _req(1, list(range(10, 18)) + [99, 98])  # shares pages 0-1, then diverges
+    short = _req(2, range(10, 14))  # one page, which holds its last token: it takes nothing from the cache
+    assert not kv.waits_for_inflight(sharer)
+    assert kv.admit(0, owner, owner.num_prompt)
+    kv.audit()
+    assert kv.waits_for_inflight(sharer) and not kv.waits_for_inflight(short)
+    kv.publish(0, 4)  # page 0 written at every plane: page 1 is still being computed
+    assert kv.match_pages(sharer) == 1 and kv.waits_for_inflight(sharer)
+    kv.publish(0, 8)
+    kv.audit()
+    assert kv.match_pages(sharer) == 2 and not kv.waits_for_inflight(sharer)
+    assert kv.inflight_waits == 1  # counted once per request
+    other = _req(3, list(range(10, 22)) + [7, 7, 7, 7])  # shares pages 0-2; page 2 is still in flight
+    assert kv.match_pages(other) == 2 and kv.waits_for_inflight(other)
+    kv.free(0)  # released before page 2 was published: nobody computes it any more
+    kv.audit()
+    assert kv.match_pages(other) == 2 and not kv.waits_for_inflight(other)

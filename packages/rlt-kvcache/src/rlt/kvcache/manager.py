@@ -8,6 +8,11 @@ prompt token's position: that token is always recomputed, its hidden state produ
 token); prompt pages are published once a prompt chunk covering them has run all its loops.
 Cached pages nobody else holds count as free and are evicted LRU when blocks are needed (a released chain becomes evictable tail first, so its head stays reachable longest).
 
+In-flight prefixes: the prompt pages an admitted request is still computing (not yet published)
+are registered under their chain keys (:meth:`waits_for_inflight`), so a request whose first
+uncached page another running request is computing can wait for its publication instead of
+computing the same pages again (the scheduler defers its admission).
+
 The step fence: :meth:`open_step` when a step that reads the slots' pages is handed to the
 executor, :meth:`close_step` when it completed; blocks released in between are held back until
 then. :meth:`audit` checks every invariant (for tests). Must not: touch device storage (the
@@ -16,6 +21,7 @@ swapper does), or decide who runs (the scheduler policy does).
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from typing import Iterable
 
@@ -55,9 +61,15 @@ class KVCacheManager:
         self.block_tables = np.zeros((max_num_seqs, num_planes, max_pages), dtype=np.int32)
         self._slots: dict[int, SlotPages] = {}
         self._step_pages: list[list[tuple[int, ...]]] = []
+        #: chain key of a prompt page an admitted request is computing (not yet published) -> its slot
+        self._inflight: dict[bytes, int] = {}
+        #: request -> its prompt's chain keys (hashed once per request, not at every admission attempt)
+        self._prompt_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._waited: weakref.WeakSet = weakref.WeakSet()
         # prefix-cache counters
         self.query_tokens = 0
         self.hit_tokens = 0
+        self.inflight_waits = 0  # requests whose admission waited for an in-flight prefix
 
     @classmethod
     def from_context(cls, ctx, *, incremental: bool, prefix_cache: bool) -> "KVCacheManager":
@@ -111,9 +123,13 @@ class KVCacheManager:
     def _keys(self, request) -> list[bytes]:
         if self.index is None or request.params.prompt_logprobs is not None:
             return []  # cached positions would have no prompt logprobs
-        planes = self.planes_for(request.max_loops)
-        ns = namespace_key(*self._namespace, planes)
-        return page_keys(ns, request.prompt_token_ids, self.block_size, request.num_prompt // self.block_size)
+        keys = self._prompt_keys.get(request)
+        if keys is None:
+            planes = self.planes_for(request.max_loops)
+            ns = namespace_key(*self._namespace, planes)
+            keys = page_keys(ns, request.prompt_token_ids, self.block_size, request.num_prompt // self.block_size)
+            self._prompt_keys[request] = keys
+        return keys
 
     def match_pages(self, request, keys: list[bytes] | None = None) -> int:
         """Cached full pages at the start of the prompt, never the last prompt token's page."""
@@ -125,6 +141,28 @@ class KVCacheManager:
 
     def match_prefix(self, request) -> int:
         return self.match_pages(request) * self.block_size
+
+    def waits_for_inflight(self, request) -> bool:
+        """Whether the first page of the request's prompt that is not cached (and that it could take
+        from the cache) is being computed by an admitted request: admitting it now would compute
+        the same page again; once that page is published it is a hit."""
+        if not self._inflight:
+            return False
+        keys = self._keys(request)
+        if not keys:
+            return False
+        h = self.match_pages(request, keys)
+        if h >= (request.num_prompt - 1) // self.block_size or keys[h] not in self._inflight:
+            return False
+        if request not in self._waited:
+            self._waited.add(request)
+            self.inflight_waits += 1
+        return True
+
+    def _release_inflight(self, slot: int, keys: list[bytes]) -> None:
+        for k in keys:
+            if self._inflight.get(k) == slot:
+                del self._inflight[k]
 
     # -- allocation ------------------------------------------------------------------------------
     def _take(self, n: int) -> list[int]:
@@ -164,6 +202,9 @@ class KVCacheManager:
             self.pool.incref(e.blocks)
             self.index.set_evictable(e, False)
         self._slots[slot] = sp
+        for k in keys[len(hits):]:  # the pages this slot computes: others sharing them wait for them
+            if k not in self.index.entries:
+                self._inflight.setdefault(k, slot)
         self.block_tables[slot] = 0
         self._append_pages(slot, sp, [b for e in hits for b in e.blocks])
         self._append_pages(slot, sp, self._take(new_pages * planes))
@@ -193,6 +234,7 @@ class KVCacheManager:
         if self.index is None or sp is None:
             return
         upto = min(num_positions // self.block_size, len(sp.keys), len(sp.pages))
+        self._release_inflight(slot, sp.keys[sp.published:upto])
         for i in range(sp.published, upto):
             if sp.keys[i] not in self.index.entries:
                 blocks = sp.pages[i]
@@ -205,6 +247,7 @@ class KVCacheManager:
         self.block_tables[slot] = 0
         if sp is None:
             return
+        self._release_inflight(slot, sp.keys[sp.published:])
         for page in reversed(sp.pages):  # deeper pages become evictable first: a chain loses its tail first
             self.pool.decref(page)
             if self.index is not None:
@@ -250,6 +293,10 @@ class KVCacheManager:
                     raise KVAuditError(f"prefix entry evictable={e.key in self.index.evictable} but "
                                        f"refcounts {[int(self.pool.refcount[b]) for b in e.blocks]}")
             evictable_blocks = sum(len(e.blocks) for e in self.index.evictable.values())
+            for k, slot in self._inflight.items():
+                sp = self._slots.get(slot)
+                if sp is None or k not in sp.keys[sp.published:]:
+                    raise KVAuditError(f"in-flight prefix page of slot {slot} that the slot does not compute")
             if evictable_blocks != self.index.evictable_blocks:
                 raise KVAuditError("prefix index: evictable block count out of date")
         free, limbo = self.pool.free_blocks, self.pool.limbo_blocks

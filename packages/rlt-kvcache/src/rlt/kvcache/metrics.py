@@ -33,5 +33,8 @@ def kv_metrics(kv) -> list[FeatureMetric]:
                       "Hit tokens / query tokens so far.", kind="gauge"),
         FeatureMetric("prefix_cache_pages", kv.index.num_pages, "Pages in the prefix cache (one block per plane each).",
                       kind="gauge"),
-        FeatureMetric("prefix_cache_evictions", kv.index.evictions, "Prefix cache pages evicted (LRU).")
+        FeatureMetric("prefix_cache_evictions", kv.index.evictions, "Prefix cache pages evicted (LRU)."),
+        FeatureMetric("prefix_cache_inflight_waits", kv.inflight_waits,
+                      "Requests whose admission waited for a running request to publish the prompt pages they "
+                      "share (instead of computing them again)."),
     ]

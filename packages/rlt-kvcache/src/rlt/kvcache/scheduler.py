@@ -28,7 +28,12 @@ from its cached prefix on, a recompute range) and grows KV for the chunks it sta
   waiting request may preempt a strictly lower-priority running one for a slot or for KV.
   ``policy="fcfs"`` orders by arrival only and never preempts to admit.
 - **Prefix cache**: admission starts the prompt at its cached prefix; prompt pages are published
-  when a prompt chunk covering them exits (the device has written every plane by then).
+  when a prompt chunk covering them exits (the device has written every plane by then). A waiting
+  request whose first uncached prompt page is being computed by a running request is not admitted
+  (it would compute the same pages again): it waits for that page's publication and is admitted in
+  the step after it, as a hit; requests behind it in the queue may be admitted meanwhile (it waits
+  for a page, not for a resource). So a burst of requests sharing a prompt prefix computes the
+  prefix once, and the hits then cost the step budget only their uncached tokens.
 
 Must not: touch device storage except through the swapper, or hold device state.
 """
@@ -210,15 +215,35 @@ class KVCacheScheduler(LoopScheduler):
         self._running.append(req)
         self._admitted_now.add(req)
 
+    def _waits_for_prefix(self, req: Request) -> bool:
+        """Whether ``req`` should wait for a prefix a running request is computing (swapped-out
+        requests bring their own KV back and never wait)."""
+        saved = self._preempted.get(req)
+        return (saved is None or saved.mode != "swap") and self.kv.waits_for_inflight(req)
+
     def _admit(self) -> list[tuple[Request, BaseException]]:
         failed: list[tuple[Request, BaseException]] = []
         budget = self.step_budget_left()
         self.blocked_reason = None
+        deferred: list[tuple[tuple[int, ...], Request]] = []  # waiting for an in-flight prefix
+        try:
+            self._admit_queue(failed, budget, deferred)
+        finally:
+            for item in deferred:
+                heapq.heappush(self._waiting, item)
+        if deferred and self.blocked_reason is None:
+            self.blocked_reason = f"{len(deferred)} request(s) wait for a shared prompt prefix being computed"
+        return failed
+
+    def _admit_queue(self, failed: list, budget: int, deferred: list) -> None:
         while self._waiting:
             req = self._waiting[0][1]
             if req in self._preempted_now:
                 self.blocked_reason = "a request preempted in this step waits for the next"
                 break
+            if self._waits_for_prefix(req):
+                deferred.append(heapq.heappop(self._waiting))
+                continue
             if not self._free_slots:
                 victim = self._admission_victim(req)
                 if victim is None:
@@ -248,7 +273,6 @@ class KVCacheScheduler(LoopScheduler):
             heapq.heappop(self._waiting)
             self._start(req, slot, row)
             budget -= self._cost(row)
-        return failed
 
     # -- victims ---------------------------------------------------------------------------------------
     def _at_boundary(self, req: Request) -> bool:
