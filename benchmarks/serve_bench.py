@@ -8,9 +8,10 @@ Every request streams (SSE) with ``stream_options.include_usage``, unless ``--no
 request is one JSON response, TTFT = E2EL = the time to that response, and TPOT / ITL are not
 measured (there are no chunks to time).
 
-Per request, with ``vllm bench serve``'s definitions: every SSE chunk that has choices is timed,
-whether or not it carries text (a token may decode to nothing; chat's first chunk carries only the
-role): TTFT = send -> first such chunk; ITL = gaps between successive such chunks; E2EL = send ->
+Per request, with ``vllm bench serve``'s definitions (as of vLLM 0.33): every SSE chunk that has
+choices is timed, whether or not it carries text (a token may decode to nothing), except, in chat,
+chunks whose delta has no output: the opening ``role`` chunk (empty ``content``) and deltas without
+``content``: TTFT = send -> first such chunk; ITL = gaps between successive such chunks; E2EL = send ->
 the last such chunk; output tokens = the server's ``usage.completion_tokens`` when sent, else the
 number of such chunks; TPOT = (E2EL - TTFT) / (output tokens - 1), for requests with more than one
 output token. How many timed chunks carried no text is reported too (``empty_chunks``). The stream
@@ -138,6 +139,19 @@ async def sse_data(response: httpx.Response) -> AsyncIterator[str]:
         yield buf[len("data:"):].strip()
 
 
+def _chat_token_chunk(choice: dict[str, Any]) -> bool:
+    """Whether a chat chunk's first choice carries output, as ``vllm bench serve`` (0.33) decides what
+    to time: non-empty ``content`` (or ``reasoning`` / ``tool_calls`` / ``function_call``), or an empty
+    ``content`` without ``role`` (a token that decodes to nothing). The opening chunk (``role`` with
+    empty ``content``) and a delta without ``content`` are not timed."""
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return False
+    if delta.get("content") or delta.get("reasoning") or delta.get("tool_calls") or delta.get("function_call"):
+        return True
+    return delta.get("content") == "" and "role" not in delta
+
+
 async def one_plain_request(client: httpx.AsyncClient, url: str, body: dict, timeout: float) -> RequestResult:
     """A non-streaming request: one JSON response; TTFT = E2EL = its arrival."""
     res = RequestResult()
@@ -184,7 +198,7 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, chat: boo
                     if msg["usage"].get("completion_tokens") is not None:
                         res.output_tokens = msg["usage"]["completion_tokens"]
                 choices = msg.get("choices")
-                if not choices:
+                if not choices or (chat and not _chat_token_chunk(choices[0])):
                     continue
                 if chunks == 0:
                     res.ttft = now - res.start

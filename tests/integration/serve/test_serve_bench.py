@@ -104,19 +104,26 @@ def _event(payload) -> bytes:
 @pytest.mark.parametrize("chat", [False, True])
 def test_metrics_follow_vllm_bench_serve_definitions(monkeypatch, chat):
     """Known chunk timings in, vLLM's TTFT / ITL / E2EL / TPOT out: every chunk with choices is timed
-    (empty text included, raw U+2028 in a string included), the usage chunk is not."""
+    (empty text included, raw U+2028 in a string included), the usage chunk is not; in chat (as
+    ``vllm bench serve`` 0.33 decides) neither is the opening role chunk nor a delta without content."""
     clock = _Clock()
     monkeypatch.setattr(serve_bench, "clock", clock)
 
     def choice(text):
         return {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
 
-    first = _event({"choices": [choice("")]})  # chat's role chunk / a token that decodes to nothing
+    first = _event({"choices": [choice("")]})  # a token that decodes to nothing
     tail = _event({"choices": [choice("b\u2028c")]})
-    script = [(0.25, first), (0.5, _event({"choices": [choice("a")]})), (0.125, _event({"choices": [choice("")]})),
-              (0.0625, tail[:9]), (0.0, tail[9:]),  # one event split across reads
-              (1.0, _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5}})),
-              (0.0, b"data: [DONE]\n\n")]
+    usage = _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5}})
+    body = [(0.5, _event({"choices": [choice("a")]})), (0.125, _event({"choices": [choice("")]})),
+            (0.0625, tail[:9]), (0.0, tail[9:])]  # one event split across reads
+    if chat:  # rlt and vLLM: the role chunk goes out with the first token, in the same write
+        role = _event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        finish = _event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        script = [(0.125, role), (0.125, first), *body, (0.5, finish), (0.5, usage)]
+    else:
+        script = [(0.25, first), *body, (1.0, usage)]
+    script.append((0.0, b"data: [DONE]\n\n"))
     transport = httpx.MockTransport(lambda req: httpx.Response(200, stream=_ScriptedStream(clock, script)))
 
     async def go():
@@ -126,13 +133,28 @@ def test_metrics_follow_vllm_bench_serve_definitions(monkeypatch, chat):
     res = asyncio.run(go())
     assert res.ok and res.error == ""
     assert res.ttft == 0.25 and res.itl == [0.5, 0.125, 0.0625]
-    assert res.latency == 0.9375  # the last chunk with choices, not the usage chunk
+    assert res.latency == 0.9375  # the last timed chunk, not the usage (or chat's finish-only) chunk
     assert res.output_tokens == 5 and res.prompt_tokens == 3 and res.empty_chunks == 2
     args = serve_bench.parse_args(["--percentiles", "50"])
     s = serve_bench.summarize(args, "m", [res], 2.0)
     assert s["tpot_ms"]["mean"] == pytest.approx((0.9375 - 0.25) / 4 * 1000)
     assert s["itl_ms"]["mean"] == pytest.approx((0.5 + 0.125 + 0.0625) / 3 * 1000)
     assert s["ttft_ms"]["p50"] == pytest.approx(250.0) and s["empty_chunks"] == 2
+
+
+def test_a_chat_stream_of_only_a_role_chunk_is_a_failure(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(serve_bench, "clock", clock)
+    script = [(0.1, _event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})),
+              (0.0, b"data: [DONE]\n\n")]
+    transport = httpx.MockTransport(lambda req: httpx.Response(200, stream=_ScriptedStream(clock, script)))
+
+    async def go():
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await serve_bench.one_request(client, "http://fake/v1/x", {}, True, 10.0)
+
+    res = asyncio.run(go())
+    assert not res.ok and "TTFT" in res.error
 
 
 def test_a_stream_without_choices_is_a_failure(monkeypatch):
