@@ -1,5 +1,6 @@
-"""Temperature > 0: speculative sampling draws from the full-depth distribution (chi-square over
-many seeded samples), seeded results are reproducible, and the K rule backs off."""
+"""Temperature > 0: speculative sampling, synchronous and overlapped, draws from the full-depth
+distribution (chi-square over many seeded samples), seeded results are reproducible, and the K
+rule backs off."""
 
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ def _target(ref, prefix):
     return p.numpy()
 
 
-def test_speculative_sampling_matches_the_full_depth_distribution(spec_checkpoints):
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlapped"])
+def test_speculative_sampling_matches_the_full_depth_distribution(spec_checkpoints, overlap):
     path = spec_checkpoints[0]
-    engine = spec_engine(path, max_num_seqs=128, max_num_batched_tokens=4096)
+    engine = spec_engine(path, max_num_seqs=128, max_num_batched_tokens=4096, overlap=overlap)
     stats = SpecStats()
     engine.add_observer(stats)
     params = [SamplingParams(max_tokens=4, temperature=TEMP, top_k=TOP_K, seed=s, ignore_eos=True,
