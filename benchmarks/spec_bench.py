@@ -178,11 +178,6 @@ class Bench:
                 "capped": capped}
 
 
-def _release(engine) -> None:
-    del engine
-    gc.collect()
-
-
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.spec_bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="h200")
@@ -227,7 +222,7 @@ def main(argv=None) -> dict:
         r["executor"] = describe() if callable(describe) else None
         res["baselines"][name] = r
         log(f"{name}: {r['decode_tokens_per_s']:.1f} tok/s, {r['ms_per_step']:.2f} ms/step")
-        _release(engine)
+        engine = None  # dropped before the next build (which collects it)
     save()
     eager = res["baselines"]["plain_eager"]["decode_tokens_per_s"]
     default = res["baselines"].get("plain_default", {}).get("decode_tokens_per_s", eager)
@@ -241,7 +236,7 @@ def main(argv=None) -> dict:
             row[f"acceptance_d{d}"] = r["acceptance"]
         res["calibration"].append(row)
         log("calibration " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()))
-        _release(engine)
+        engine = None  # dropped before the next build (which collects it)
     save()
     ref_d = 2 if 2 in ds else ds[-1]
     chosen: list[float] = []
@@ -273,12 +268,12 @@ def main(argv=None) -> dict:
                 for d in ds:
                     record(scale, "async" if overlap else "sync", k, d,
                            bench.run(engine, 1, args.out, {"num_tokens": k, "draft_loops": d}))
-            _release(engine)
+            engine = None  # dropped before the next build (which collects it)
         engine = bench.engine(scale, overlap=True, adaptive=True,
                               options={"num_tokens": max(ks), "draft_loops": ref_d})
         bench.warm(engine, 1, None)
         record(scale, "adaptive", max(ks), ref_d, bench.run(engine, 1, args.out, None))
-        _release(engine)
+        engine = None  # dropped before the next build (which collects it)
 
     # -- 4. C = big_c ---------------------------------------------------------------------------
     top = max(chosen, key=lambda s: next(r[f"acceptance_d{ref_d}"] for r in res["calibration"] if r["scale"] == s))
@@ -293,7 +288,7 @@ def main(argv=None) -> dict:
         if gate == "default":
             rows["plain"] = bench.run(engine, c, args.out, {"num_tokens": 0})
         rows[f"adaptive_gate_{gate}"] = bench.run(engine, c, args.out, None)
-        _release(engine)
+        engine = None  # dropped before the next build (which collects it)
         for name, r in rows.items():
             r.update(scale=top, c=c, run=name, max_running=SpecOptions(**options).max_running)
             res["big_c"].append(r)

@@ -80,6 +80,7 @@ class SpeculativeExecutor(EagerExecutor):
         #: this step's chain rows (batch indices, their slots and ring entries on the device), and
         #: the per-row states the base step computed (set by :meth:`_keep`)
         self._chain: tuple[np.ndarray, torch.Tensor, torch.Tensor] | None = None
+        self._spec_step = False
         self._last: torch.Tensor | None = None
 
     @classmethod
@@ -111,7 +112,8 @@ class SpeculativeExecutor(EagerExecutor):
         # chain rows also pass through the slot-state table here (several per slot: the last one
         # written wins); that entry is never read for them, and a plain row of the slot starts at depth 0
         super()._keep(b, exited, h, last)
-        self._last = last
+        if self._spec_step:
+            self._last = last
         if self._chain is not None:
             rows, slots, ring = self._chain
             self.draft_h[slots, ring] = last[self._dev(rows)]
@@ -138,11 +140,12 @@ class SpeculativeExecutor(EagerExecutor):
         if b.adaptive.any():  # the gate decides for plain rows only
             spec_dev = torch.from_numpy(spec).to(self.device)
             changes["max_loops"] = torch.where(spec_dev, _NEVER_EXIT, b.max_loops)
+        self._spec_step = True
         try:
             base = super().execute(attrs.evolve(b, **changes)).result()
             last = self._last
         finally:
-            self._chain, self._last = None, None
+            self._chain, self._last, self._spec_step = None, None, False
 
         loop = b.depth + 1
         drafted = np.nonzero((role == DRAFT) & (loop >= d))[0]
