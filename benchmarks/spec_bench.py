@@ -19,7 +19,8 @@ output tokens; about 6 minutes on an H200, bounded by ``--cap`` per run and ``--
    gate, and with the gate off (``max_running`` 0);
 5. C = 1 at each chosen scale (no new scale starts after ``--deadline`` seconds), default build:
    synchronous and overlapped rounds for every K in ``--ks`` and d in ``--ds`` (fixed K), and
-   overlapped adaptive K (K_max = max K, d = 2). Each run reports decode tokens/s (TTFT
+   overlapped adaptive K (K_max = max K, d = 2) with ``step_cost`` 1 and with the measured cost of
+   a speculative step in default-build plain steps (``adaptive@<cost>``). Each run reports decode tokens/s (TTFT
    excluded), its speedup over both plain baselines, the measured per-draft acceptance, steps
    per token (measured, and the cost model's at the measured acceptance: docs/spec.md) and ms
    per step.
@@ -269,11 +270,20 @@ def main(argv=None) -> dict:
                     record(scale, "async" if overlap else "sync", k, d,
                            bench.run(engine, 1, args.out, {"num_tokens": k, "draft_loops": d}))
             engine = None  # dropped before the next build (which collects it)
-        engine = bench.engine(scale, overlap=True, adaptive=True,
-                              options={"num_tokens": max(ks), "draft_loops": ref_d})
-        bench.warm(engine, 1, None)
-        record(scale, "adaptive", max(ks), ref_d, bench.run(engine, 1, args.out, None))
-        engine = None  # dropped before the next build (which collects it)
+        # adaptive K as shipped (step_cost 1), and with step_cost = the ratio just measured against
+        # the default build's plain steps (what --self-spec-step-cost is for)
+        spec_ms = sorted(r["ms_per_step"] for r in res["c1"] if r["scale"] == scale)
+        measured = spec_ms[len(spec_ms) // 2] / res["baselines"].get("plain_default", res["baselines"]["plain_eager"])[
+            "ms_per_step"]
+        measured = max(round(measured, 2), 0.01)
+        for mode, cost in (("adaptive", 1.0), (f"adaptive@{measured}", measured)):
+            engine = bench.engine(scale, overlap=True, adaptive=True,
+                                  options={"num_tokens": max(ks), "draft_loops": ref_d, "step_cost": cost})
+            bench.warm(engine, 1, None)
+            r = bench.run(engine, 1, args.out, None)
+            r["step_cost"] = cost
+            record(scale, mode, max(ks), ref_d, r)
+            engine = None  # dropped before the next build (which collects it)
 
     # -- 4. C = big_c ---------------------------------------------------------------------------
     top = max(chosen, key=lambda s: next(r[f"acceptance_d{ref_d}"] for r in res["calibration"] if r["scale"] == s))
@@ -324,6 +334,11 @@ def _print_table(res: dict) -> None:
         print(f"| {r['scale']} | {r['mode']} | {r['k']} | {r['d']} | {r['acceptance']:.3f} | "
               f"{r['decode_tokens_per_s']:.1f} | {r['speedup_vs_eager']:.2f} | {r['speedup_vs_default']:.2f} | "
               f"{r['steps_per_token']:.2f} ({r['model_steps_per_token']:.2f}) | {r['ms_per_step']:.2f} |")
+    spec = sorted(r["ms_per_step"] for r in res["c1"] if not r["mode"].startswith("adaptive"))
+    if spec:
+        mid = spec[len(spec) // 2]
+        print("a speculative step costs (median ms/step over the C=1 runs, --self-spec-step-cost): " + ", ".join(
+            f"{mid / v['ms_per_step']:.2f} {k} steps" for k, v in b.items()))
     if res.get("skipped_scales"):
         print(f"skipped (deadline): scales {res['skipped_scales']}")
     for r in res["big_c"]:

@@ -115,6 +115,9 @@ def test_cost_model_values():
     assert best_k(0.8, 8, 2, 4, 0.05, overlap=True) == 1  # every K >= ceil(D/d) - 1 is as fast: the smallest
     assert best_k(0.8, 8, 1, 4, 0.05, overlap=True) == 3
     assert best_k(0.05, 8, 2, 4, 0.05, overlap=True) == 0
+    # a speculative step costing two plain steps: 2.2 x 2 > 4 at d = 2; 1.3 x 2 < 4 at d = 1
+    assert best_k(0.9, 8, 2, 4, 0.05, overlap=True, step_cost=2.0) == 0
+    assert best_k(0.9, 8, 1, 4, 0.05, overlap=True, step_cost=2.0) == 3
 
 
 def test_adaptive_k_holds_off_past_max_running(spec_checkpoints):

@@ -73,6 +73,10 @@ def test_options_are_checked():
         SpecOptions(num_tokens=9)
     with pytest.raises(ConfigError, match="--self-spec-initial-acceptance"):
         SpecOptions(initial_acceptance=2.0)
+    with pytest.raises(ConfigError, match="--self-spec-step-cost"):
+        SpecOptions(step_cost=0.0)
+    with pytest.raises(ConfigError, match="--self-spec-max-running"):
+        SpecOptions(max_running=-1)
 
 
 def test_unverified_combinations_are_refused_at_composition(spec_checkpoints):

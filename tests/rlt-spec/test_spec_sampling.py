@@ -93,3 +93,12 @@ def test_tracker_backs_off_and_probes():
         t.update(4, 4)
     assert t.next_k() == 4
     assert AcceptanceTracker(k_max=3, draft_loops=1, num_loops=4, adaptive=False).next_k() == 3
+    # a speculative step as costly as two plain ones: probes half as often
+    t = AcceptanceTracker(k_max=4, draft_loops=1, num_loops=4, probe_interval=5, step_cost=2.0, overlap=True)
+    for _ in range(10):
+        t.update(1, 0)
+    ks = [t.next_k() for _ in range(20)]
+    assert ks.count(1) == 2 and ks.count(0) == 18
+    # never worth it, even at full acceptance (d = 2 costs 2 steps a token at best, x 2.5 > 4): no probes
+    t = AcceptanceTracker(k_max=4, draft_loops=2, num_loops=4, probe_interval=1, step_cost=2.5, overlap=True)
+    assert not t.can_pay and [t.next_k() for _ in range(10)] == [0] * 10

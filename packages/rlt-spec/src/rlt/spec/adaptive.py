@@ -18,7 +18,9 @@ smallest such K on ties); it is used only when its rate beats the plain ``1 / D`
 ``a`` is estimated per request from decayed counts of accepted and rejected drafts (each round
 adds its accepted count to the successes and one failure if it stopped before its last draft),
 starting from a prior of weight 2 at ``initial_acceptance``. A request at K = 0 learns nothing,
-so every ``probe_interval`` plain tokens it runs one round with K = 1 to re-measure.
+so every ``probe_interval * max(1, step_cost)`` plain tokens it runs one round with K = 1 to
+re-measure (the interval grows with the cost of a speculative step, so probing costs about the
+same share of time), unless no K would pay even at full acceptance (then it never probes).
 
 This module owns the per-request estimate; it knows nothing of rows or devices.
 """
@@ -69,12 +71,12 @@ def async_steps_per_token(alpha: float, k: int, draft_loops: int, num_loops: int
 
 
 def best_k(alpha: float, k_max: int, draft_loops: int, num_loops: int, min_gain: float,
-           overlap: bool = False) -> int:
+           overlap: bool = False, step_cost: float = 1.0) -> int:
     """The K of the rule above (0: decode plainly)."""
     cost = async_steps_per_token if overlap else sync_steps_per_token
     best, best_rate = 0, (1.0 + min_gain) / num_loops
     for k in range(1, k_max + 1):
-        rate = 1.0 / cost(alpha, k, draft_loops, num_loops)
+        rate = 1.0 / (cost(alpha, k, draft_loops, num_loops) * step_cost)
         if rate > best_rate * (1.0 + 1e-9):
             best, best_rate = k, rate
     return best
@@ -93,6 +95,8 @@ class AcceptanceTracker:
     initial_acceptance: float = 0.8
     decay: float = 0.9
     min_gain: float = 0.05
+    #: a speculative step's cost in plain decode steps
+    step_cost: float = 1.0
     probe_interval: int = 16
     accepted: float = 0.0
     rejected: float = 0.0
@@ -107,11 +111,18 @@ class AcceptanceTracker:
         s0 = PRIOR_WEIGHT * self.initial_acceptance
         return (self.accepted + s0) / (self.accepted + self.rejected + PRIOR_WEIGHT)
 
+    @property
+    def can_pay(self) -> bool:
+        """Whether some K would beat plain decoding at full acceptance (else the request never probes)."""
+        return best_k(1.0, self.k_max, self.draft_loops, self.num_loops, self.min_gain, self.overlap,
+                      self.step_cost) > 0
+
     def current_k(self) -> int:
         """The rule's K for the current estimate (no probing, no side effects)."""
         if not self.adaptive:
             return self.k_max
-        return best_k(self.alpha, self.k_max, self.draft_loops, self.num_loops, self.min_gain, self.overlap)
+        return best_k(self.alpha, self.k_max, self.draft_loops, self.num_loops, self.min_gain, self.overlap,
+                      self.step_cost)
 
     def next_k(self) -> int:
         """K for the request's next round (call once per token that could start one); a request
@@ -120,8 +131,10 @@ class AcceptanceTracker:
         if not self.adaptive:
             return k
         if k == 0 and self.k_max > 0:
+            if not self.can_pay:  # not even at full acceptance: nothing to learn by probing
+                return 0
             self.plain_since_probe += 1
-            if self.plain_since_probe >= self.probe_interval:
+            if self.plain_since_probe >= self.probe_interval * max(1.0, self.step_cost):
                 self.plain_since_probe = 0
                 return 1
         return k

@@ -53,6 +53,10 @@ class SpecOptions:
         "help": "adaptive K speculates only when its expected speedup exceeds 1 + this"})
     probe_interval: int = attrs.field(default=16, metadata={
         "help": "plain tokens after which a request at K = 0 tries one round with K = 1"})
+    step_cost: float = attrs.field(default=1.0, metadata={
+        "help": "adaptive K counts a speculative step as this many plain decode steps (1: the step-count rule; "
+                "speculative steps run eagerly, so where plain decode steps replay CUDA graphs it is higher: "
+                "benchmarks/spec_bench.py measures it)"})
     max_running: int = attrs.field(default=8, metadata={
         "help": "adaptive K starts no round while more than this many requests run (0: no limit)"})
 
@@ -69,6 +73,8 @@ class SpecOptions:
             raise ConfigError(f"--self-spec-initial-acceptance: must be in [0, 1], got {self.initial_acceptance}")
         if self.min_gain < 0:
             raise ConfigError(f"--self-spec-min-gain: must be >= 0, got {self.min_gain}")
+        if not self.step_cost > 0:
+            raise ConfigError(f"--self-spec-step-cost: must be > 0, got {self.step_cost}")
 
     def summary(self) -> str:
         k = f"K={self.num_tokens} for every request" if self.num_tokens else "per-request opt-in"
