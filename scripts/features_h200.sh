@@ -15,7 +15,8 @@
 #            against the torch reference, % of the matmul rate, the best config (not in the default
 #            STEPS: run it on its own, about 5 minutes);
 #   kvcache  benchmarks/kvcache_bench.py (issue 12's (a) (b) (c));
-#   spec     benchmarks/spec_bench.py at C=1 (issue 13's speed row).
+#   spec     benchmarks/spec_bench.py --preset h200 (issue 13's speed rows: C=1 sync/overlapped K x d vs
+#            measured acceptance, C=64 adaptive vs plain; ~6 min).
 set -uo pipefail
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -61,8 +62,8 @@ if step kvcache; then
 fi
 if step spec; then
   # shellcheck disable=SC2086
-  timeout ${SPEC_TIMEOUT:-240} $PY -m benchmarks.spec_bench --model ouro-1.4b --device cuda --dtype bfloat16 --c 1 --out 128 \
-    ${SPEC_ARGS:---scales 1.0,0.03 --ks 2,4 --ds 1,2 --adaptive} --out-dir "$OUT/spec" > "$OUT/spec.log" 2>&1 || rc=1
-  tail -25 "$OUT/spec.log"
+  timeout ${SPEC_TIMEOUT:-450} $PY -m benchmarks.spec_bench --preset h200 ${SPEC_ARGS:-} --out-dir "$OUT/spec" \
+    > "$OUT/spec.log" 2>&1 || rc=1
+  tail -45 "$OUT/spec.log"
 fi
 exit $rc

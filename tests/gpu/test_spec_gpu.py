@@ -1,6 +1,8 @@
-"""GPU: self-speculation (rlt-spec) with the Triton backend — fp32 greedy token-identical to plain
-decoding for every K in 1..8 and d in 1..3, mixed with plain requests; bf16 greedy agreement on
-a controlled-acceptance checkpoint reported with the first-token logprob gap of disagreements."""
+"""GPU: self-speculation (rlt-spec), synchronous and overlapped rounds, with the Triton backend —
+fp32 greedy token-identical to plain decoding for every K in 1..8 and d in 1..3, mixed with plain
+requests, in the eager build and composed with rlt-decode (static buffers, CUDA graphs for plain
+decode steps, pipeline); bf16 greedy agreement on a controlled-acceptance checkpoint reported with
+the first-token logprob gap of disagreements."""
 
 from __future__ import annotations
 
@@ -18,9 +20,12 @@ from rlt.spec.feature import SpecOptions, features
 pytestmark = pytest.mark.gpu
 
 
-def _engine(path, spec: bool, dtype: str):
+def _engine(path, spec: bool, dtype: str, overlap: bool = False, decode: bool = False):
+    from rlt.decode.feature import FEATURES as DECODE
+
     cfg = EngineConfig(model=str(path), dtype=dtype, device="cuda", attention_backend="triton", block_size=16)
-    return build_engine(cfg, features=features(), enabled={"self_spec": spec},
+    feats = features() + (DECODE if decode else [])
+    return build_engine(cfg, features=feats, enabled={"self_spec": spec, "async_self_spec": spec and overlap},
                         options={"self_spec": SpecOptions(adaptive=False)} if spec else {})
 
 
@@ -47,19 +52,25 @@ def _reqs(seed, spec_pairs, max_tokens=12, logprobs=None):
     return out
 
 
+@pytest.mark.parametrize("decode", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlapped"])
 @pytest.mark.parametrize("scale", [1.0, 0.03])
-def test_spec_fp32_greedy_exact_on_gpu(tiny_checkpoint, tmp_path, scale):
+def test_spec_fp32_greedy_exact_on_gpu(tiny_checkpoint, tmp_path, scale, overlap, decode):
     torch.backends.cuda.matmul.allow_tf32 = False
     path = scale_loop_updates(tiny_checkpoint(seed=61), tmp_path / "ck", scale)
     pairs = [p for pair in itertools.product(range(1, 9), range(1, 4)) for p in (pair, None)]
     reqs = _reqs(3, pairs)
     want = _run(_engine(path, False, "float32"), reqs)
-    got = _run(_engine(path, True, "float32"), reqs)
+    engine = _engine(path, True, "float32", overlap, decode)
+    if decode:
+        assert engine.describe()["components"]["executor"] == ["self_spec", "static_buffers"]
+    got = _run(engine, reqs)
     for rid, _, _ in reqs:
         assert list(got[rid].token_ids) == list(want[rid].token_ids), rid
 
 
-def test_spec_bf16_agreement_report(tmp_path):
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlapped"])
+def test_spec_bf16_agreement_report(tmp_path, overlap):
     from rlt.platform.checkpoint.tiny import write_tiny_checkpoint
 
     src = write_tiny_checkpoint(tmp_path / "src", seed=7, hidden_size=256, intermediate_size=512,
@@ -67,7 +78,7 @@ def test_spec_bf16_agreement_report(tmp_path):
     path = scale_loop_updates(src, tmp_path / "ck", 0.03)
     reqs = _reqs(4, [(4, 2)] * 32, max_tokens=32, logprobs=0)
     want = _run(_engine(path, False, "bfloat16"), reqs)
-    got = _run(_engine(path, True, "bfloat16"), reqs)
+    got = _run(_engine(path, True, "bfloat16", overlap), reqs)
     equal, gaps = 0, []
     for rid, _, _ in reqs:
         a, b = list(got[rid].token_ids), list(want[rid].token_ids)
@@ -77,6 +88,7 @@ def test_spec_bf16_agreement_report(tmp_path):
         k = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
         # the plain run's logprob of its token vs the speculative run's token at the first divergence
         gaps.append((rid, k, float(want[rid].logprobs[k].logprob) - float(got[rid].logprobs[k].logprob)))
-    print(f"\nbf16 greedy agreement (spec K=4 d=2 vs plain): {equal}/{len(reqs)}; first divergences "
+    print(f"\nbf16 greedy agreement ({'overlapped' if overlap else 'sync'} spec K=4 d=2 vs plain): "
+          f"{equal}/{len(reqs)}; first divergences "
           f"(request, position, logprob gap): {gaps}")
     assert equal >= len(reqs) // 2, gaps  # bf16 rounding may flip near-ties, not most requests

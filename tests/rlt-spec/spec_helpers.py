@@ -10,10 +10,14 @@ from rlt.platform.composition import build_engine
 from rlt.spec.feature import SpecOptions
 
 
-def spec_engine(path, *, spec=True, options=None, **cfg):
+def spec_engine(path, *, spec=True, options=None, overlap=False, decode=False, **cfg):
+    """An engine with self_spec (``overlap``: and async_self_spec); ``decode``: rlt-decode's
+    features at their defaults where installed (off otherwise: this package's CI has only the platform)."""
     cfg = {"dtype": "float32", "block_size": 4, **cfg}
-    # rlt-decode's static decode path is refused next to self_spec (feature.UNVERIFIED_WITH): off here
-    return build_engine(EngineConfig(model=str(path), **cfg), enabled={"self_spec": spec, "static_buffers": False},
+    enabled = {"self_spec": spec, "async_self_spec": overlap and spec}
+    if not decode:
+        enabled.update(static_buffers=False, pipeline=False)
+    return build_engine(EngineConfig(model=str(path), **cfg), enabled=enabled,
                         options={"self_spec": options or SpecOptions(adaptive=False)} if spec else {})
 
 

@@ -73,21 +73,31 @@ def test_options_are_checked():
         SpecOptions(num_tokens=9)
     with pytest.raises(ConfigError, match="--self-spec-initial-acceptance"):
         SpecOptions(initial_acceptance=2.0)
+    with pytest.raises(ConfigError, match="--self-spec-step-cost"):
+        SpecOptions(step_cost=0.0)
+    with pytest.raises(ConfigError, match="--self-spec-max-running"):
+        SpecOptions(max_running=-1)
 
 
 def test_unverified_combinations_are_refused_at_composition(spec_checkpoints):
     from rlt.platform import EngineConfig
     from rlt.platform.composition import build_engine
 
-    fake = Feature(name="preemption", package="rlt-kvcache", description="stand-in", install=lambda b, o: None)
-    with pytest.raises(CompositionError, match="preemption"):
+    fakes = [Feature(name=n, package="rlt-kvcache", description="stand-in", install=lambda b, o: None)
+             for n in ("preemption", "prefix_cache")]
+    with pytest.raises(CompositionError, match="preemption") as err:
         build_engine(EngineConfig(model=str(spec_checkpoints[0]), dtype="float32"),
-                     features=[*features(), fake], enabled={"self_spec": True, "preemption": True})
+                     features=[*features(), *fakes], enabled={"self_spec": True, "preemption": True,
+                                                              "prefix_cache": True})
+    assert "--no-preemption" in str(err.value) and "--no-prefix-cache" in str(err.value)
 
 
 def test_feature_table(spec_checkpoints):
     engine = spec_engine(spec_checkpoints[0])
     table = {f.name: f for f in engine.features}
     assert table["self_spec"].enabled and table["self_spec"].available
-    assert not table["async_self_spec"].available and "device-resident" in table["async_self_spec"].reason
+    assert "run eagerly and synchronously" in table["self_spec"].reason
+    assert table["async_self_spec"].available and not table["async_self_spec"].enabled
     assert engine.assembly.describe()["executor"] == ["self_spec"]
+    table = {f.name: f for f in spec_engine(spec_checkpoints[0], overlap=True).features}
+    assert table["async_self_spec"].enabled

@@ -1,5 +1,6 @@
-"""Temperature > 0: speculative sampling draws from the full-depth distribution (chi-square over
-many seeded samples), seeded results are reproducible, and the K rule backs off."""
+"""Temperature > 0: speculative sampling, synchronous and overlapped, draws from the full-depth
+distribution (chi-square over many seeded samples), seeded results are reproducible, and the K
+rule backs off."""
 
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ def _target(ref, prefix):
     return p.numpy()
 
 
-def test_speculative_sampling_matches_the_full_depth_distribution(spec_checkpoints):
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlapped"])
+def test_speculative_sampling_matches_the_full_depth_distribution(spec_checkpoints, overlap):
     path = spec_checkpoints[0]
-    engine = spec_engine(path, max_num_seqs=128, max_num_batched_tokens=4096)
+    engine = spec_engine(path, max_num_seqs=128, max_num_batched_tokens=4096, overlap=overlap)
     stats = SpecStats()
     engine.add_observer(stats)
     params = [SamplingParams(max_tokens=4, temperature=TEMP, top_k=TOP_K, seed=s, ignore_eos=True,
@@ -91,3 +93,12 @@ def test_tracker_backs_off_and_probes():
         t.update(4, 4)
     assert t.next_k() == 4
     assert AcceptanceTracker(k_max=3, draft_loops=1, num_loops=4, adaptive=False).next_k() == 3
+    # a speculative step as costly as two plain ones: probes half as often
+    t = AcceptanceTracker(k_max=4, draft_loops=1, num_loops=4, probe_interval=5, step_cost=2.0, overlap=True)
+    for _ in range(10):
+        t.update(1, 0)
+    ks = [t.next_k() for _ in range(20)]
+    assert ks.count(1) == 2 and ks.count(0) == 18
+    # never worth it, even at full acceptance (d = 2 costs 2 steps a token at best, x 2.5 > 4): no probes
+    t = AcceptanceTracker(k_max=4, draft_loops=2, num_loops=4, probe_interval=1, step_cost=2.5, overlap=True)
+    assert not t.can_pay and [t.next_k() for _ in range(10)] == [0] * 10

@@ -7,25 +7,39 @@ sandwich norms that scale the attention and MLP outputs added to the residual st
 are multiplied by ``scale``. As ``scale`` falls, the state after ``d`` loops approaches the state
 after ``D`` loops, so a depth-``d`` draft agrees with the full-depth token more often; shapes,
 bytes moved and FLOPs are unchanged. The acceptance a scale gives is measured by the benchmark
-(``benchmarks/spec_bench.py``), not assumed.
+(``benchmarks/spec_bench.py``), not assumed. :func:`scale_weights` does the same to weights in
+memory (the benchmark scales a loaded checkpoint instead of writing one per scale).
 
-Writes files only (config, tokenizer files copied; weights rewritten); touches no engine.
+Writes files (config, tokenizer files copied; weights rewritten) or returns new weight dicts;
+touches no engine.
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Mapping
 
+import torch
 from safetensors.torch import load_file, save_file
 
 SCALED = ("input_layernorm_2.weight", "post_attention_layernorm_2.weight")
 
 
-def scale_loop_updates(src: str | Path, dst: str | Path, scale: float) -> Path:
-    """Copy the checkpoint at ``src`` to ``dst`` with every loop's residual updates scaled."""
+def _check(scale: float) -> None:
     if not scale > 0:
         raise ValueError(f"scale must be > 0, got {scale!r}")
+
+
+def scale_weights(weights: Mapping[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """A new weight dict: the loop-update norms scaled by ``scale``, every other tensor shared."""
+    _check(scale)
+    return {name: (w.float() * scale).to(w.dtype) if name.endswith(SCALED) else w for name, w in weights.items()}
+
+
+def scale_loop_updates(src: str | Path, dst: str | Path, scale: float) -> Path:
+    """Copy the checkpoint at ``src`` to ``dst`` with every loop's residual updates scaled."""
+    _check(scale)
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     shards = sorted(src.glob("*.safetensors"))
@@ -35,9 +49,5 @@ def scale_loop_updates(src: str | Path, dst: str | Path, scale: float) -> Path:
         if f.is_file() and f.suffix != ".safetensors":
             shutil.copy2(f, dst / f.name)
     for shard in shards:
-        weights = load_file(shard)
-        for name in weights:
-            if name.endswith(SCALED):
-                weights[name] = (weights[name].float() * scale).to(weights[name].dtype)
-        save_file(weights, dst / shard.name, metadata={"format": "pt"})
+        save_file(scale_weights(load_file(shard), scale), dst / shard.name, metadata={"format": "pt"})
     return dst

@@ -1,16 +1,22 @@
 """The speculative executor: the eager executor plus the device state of speculation rounds.
 
-Owns, per slot, the round's draft hidden states at depth ``d`` (``draft_h``) and, for random
-rows, the draft distributions ``q`` (``draft_q``, allocated on first use). Plain rows run exactly
-as in :class:`EagerExecutor` (the same step: one call of the recurrent core for every row).
-Speculative rows run in that same call; the base step is told not to exit or sample them, and
-this executor then
+Owns, per slot, a ring of ``R = max_drafts + 1`` hidden states (``draft_h``) and, for random rows,
+of draft distributions ``q`` (``draft_q``, allocated on first use). Plain rows run exactly as in
+:class:`EagerExecutor` (the same step: one call of the recurrent core for every row). Speculative
+rows run in that same call; the base step is told not to exit or sample them, and this executor
+then
 
-- stores the depth-``d`` hidden state of each draft row that reached depth ``d`` and draws the
-  next draft from its logits (one LM-head call for all of them);
-- gives a verification row entering at depth ``d`` the drafts' hidden states as its input;
-- verifies every verification row that reached full depth (one LM-head call over all their
-  positions), through the sampler's ``verify``.
+- synchronous rounds: stores the depth-``d`` hidden state of each draft row that reached depth
+  ``d`` at ``draft_h[slot, index]`` and draws the next draft from its logits (one LM-head call for
+  all of them); gives a verification row entering at depth ``d`` the drafts' hidden states as its
+  input; verifies every verification row that reached full depth (one LM-head call over all their
+  positions), through the sampler's ``verify``;
+- overlapped rounds (chain rows, several one-token rows of one slot in a step): keeps each chain
+  row's state between loops at ``draft_h[slot, position % R]`` instead of the slot's single state
+  (:meth:`_inputs` / :meth:`_keep`); draws a draft from each chain row reaching depth ``d`` and
+  checks the draft of each chain row reaching full depth (one LM-head call for both), through the
+  sampler's ``check``. A request has at most ``R`` chain rows in flight (consecutive positions),
+  so their ring entries never collide.
 
 Rollback is by frontier: nothing is copied; rejected positions' KV and depth stamps are
 overwritten when the next round runs those positions from depth 0.
@@ -23,7 +29,7 @@ import numpy as np
 import torch
 
 from rlt.platform.engine.executor import CompletedStep, EagerExecutor
-from rlt.spec.rows import DRAFT, PLAIN, VERIFY, SpecStepResult, row_column
+from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, SpecStepResult, row_column
 
 _NEVER_EXIT = 1 << 30
 
@@ -67,8 +73,15 @@ class SpeculativeExecutor(EagerExecutor):
         super().__init__(**kw)
         n, h = self.hidden.shape
         self.max_drafts = max_drafts
-        self.draft_h = torch.zeros(n, max_drafts + 1, h, dtype=self.hidden.dtype, device=self.device)
+        #: ring entries per slot: a round's K + 1 positions, or a chain's in-flight positions
+        self.ring = max_drafts + 1
+        self.draft_h = torch.zeros(n, self.ring, h, dtype=self.hidden.dtype, device=self.device)
         self.draft_q: torch.Tensor | None = None
+        #: this step's chain rows (batch indices, their slots and ring entries on the device), and
+        #: the per-row states the base step computed (set by :meth:`_keep`)
+        self._chain: tuple[np.ndarray, torch.Tensor, torch.Tensor] | None = None
+        self._spec_step = False
+        self._last: torch.Tensor | None = None
 
     @classmethod
     def from_context(cls, ctx, *, max_drafts: int) -> "SpeculativeExecutor":
@@ -78,9 +91,32 @@ class SpeculativeExecutor(EagerExecutor):
     def _q_buffer(self) -> torch.Tensor:
         if self.draft_q is None:
             n = self.hidden.shape[0]
-            self.draft_q = torch.zeros(n, self.max_drafts, self.model.shape.vocab_size, dtype=torch.float32,
+            self.draft_q = torch.zeros(n, self.ring, self.model.shape.vocab_size, dtype=torch.float32,
                                        device=self.device)
         return self.draft_q
+
+    def _dev(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+
+    def _inputs(self, b) -> torch.Tensor:
+        x = super()._inputs(b)
+        if self._chain is not None:  # deeper chain rows continue from their own ring entry
+            rows, slots, ring = self._chain
+            deep = b.depth[rows] > 0
+            if deep.any():
+                sel = self._dev(np.nonzero(deep)[0])
+                x[self._dev(b.row_token_start[rows[deep]])] = self.draft_h[slots[sel], ring[sel]]
+        return x
+
+    def _keep(self, b, exited, h, last) -> None:
+        # chain rows also pass through the slot-state table here (several per slot: the last one
+        # written wins); that entry is never read for them, and a plain row of the slot starts at depth 0
+        super()._keep(b, exited, h, last)
+        if self._spec_step:
+            self._last = last
+        if self._chain is not None:
+            rows, slots, ring = self._chain
+            self.draft_h[slots, ring] = last[self._dev(rows)]
 
     @torch.inference_mode()
     def execute(self, b) -> CompletedStep:
@@ -90,17 +126,26 @@ class SpeculativeExecutor(EagerExecutor):
             return super().execute(b)
         d = row_column(b.rows, "draft_loops", 0, np.int64)
         verify = role == VERIFY
+        chain = np.nonzero(role == CHAIN)[0]
         for i in np.nonzero(verify & (b.depth == d))[0]:  # entering: the drafts' depth-d states
             slot, n = int(b.slots[i]), int(b.row_len[i])
             if n == 1:  # a one-token row (the round shrank to no drafts) reads the slot's state
                 self.hidden[slot] = self.draft_h[slot, 0]
             else:
                 self.chunk_hidden[(slot, int(b.row_start[i]))] = self.draft_h[slot, :n]
+        self._chain = None
+        if len(chain):
+            self._chain = (chain, self._dev(b.slots[chain]), self._dev(b.row_start[chain] % self.ring))
         changes = {"fixed_exit": b.fixed_exit & ~spec, "samples": b.samples & ~spec}
         if b.adaptive.any():  # the gate decides for plain rows only
             spec_dev = torch.from_numpy(spec).to(self.device)
             changes["max_loops"] = torch.where(spec_dev, _NEVER_EXIT, b.max_loops)
-        base = super().execute(attrs.evolve(b, **changes)).result()
+        self._spec_step = True
+        try:
+            base = super().execute(attrs.evolve(b, **changes)).result()
+            last = self._last
+        finally:
+            self._chain, self._last, self._spec_step = None, None, False
 
         loop = b.depth + 1
         drafted = np.nonzero((role == DRAFT) & (loop >= d))[0]
@@ -109,6 +154,7 @@ class SpeculativeExecutor(EagerExecutor):
         exited[drafted] = True
         exited[verified] = True
         draft_tokens = np.full(b.num_rows, -1, np.int64)
+        accepted = None
         if len(drafted):
             draft_tokens[drafted] = self._draft(b, drafted)
         plain_rows = np.nonzero(base.num_tokens)[0]
@@ -118,6 +164,14 @@ class SpeculativeExecutor(EagerExecutor):
             v = self._verify(b, verified)
             parts.append((verified, v.num_tokens))
             arrays.append((v.token_ids, v.logprobs, v.top_ids, v.top_logprobs))
+        if len(chain):
+            checked, ok, v = self._chain_heads(b, chain, d, last, draft_tokens)
+            if len(checked):
+                exited[checked] = True
+                accepted = np.zeros(b.num_rows, bool)
+                accepted[checked] = ok
+                parts.append((checked, v.num_tokens))
+                arrays.append((v.token_ids, v.logprobs, v.top_ids, v.top_logprobs))
         num, dests = _scatter_rows(b.num_rows, parts)
         total = int(num.sum())
         ids, lp, top_ids, top_lp = (
@@ -126,7 +180,39 @@ class SpeculativeExecutor(EagerExecutor):
         )
         return CompletedStep(SpecStepResult(
             exited, num, ids if ids is not None else np.zeros(0, np.int64), lp, top_ids, top_lp,
-            prompt_logprobs=base.prompt_logprobs, draft_tokens=draft_tokens))
+            prompt_logprobs=base.prompt_logprobs, draft_tokens=draft_tokens, accepted=accepted))
+
+    def _chain_heads(self, b, chain: np.ndarray, d: np.ndarray, last: torch.Tensor, draft_tokens: np.ndarray):
+        """One LM-head call for the chain rows that reached depth ``d`` (their drafts go into
+        ``draft_tokens``; ``q`` into the ring) and those that reached full depth (their drafts are
+        checked). Returns (the checked rows, whether each draft was accepted, their tokens)."""
+        loop = b.depth[chain] + 1
+        drafting = chain[loop == d[chain]]
+        checking = chain[b.fixed_exit[chain]]
+        heads = np.concatenate([drafting, checking])
+        if not len(heads):
+            return checking, None, None
+        rows = [b.rows[i] for i in heads]
+        # generation step of the token each row yields: its position past the request's last token
+        offsets = np.fromiter((r.start - r.request.num_prompt - r.request.num_produced + 1 for r in rows), np.int64,
+                              len(rows))
+        slots = b.slots[heads]
+        ring = b.row_start[heads] % self.ring
+        logits = self.model.coda(last.index_select(0, self._dev(heads)))
+        nd = len(drafting)
+        if nd:
+            tokens, q = self.sampler.draft(logits[:nd], slots[:nd], offsets[:nd])
+            if q is not None:
+                self._q_buffer()[self._dev(slots[:nd]), self._dev(ring[:nd])] = q
+            draft_tokens[drafting] = tokens.cpu().numpy()
+        if not len(checking):
+            return checking, None, None
+        drafts = row_column(rows[nd:], "draft", -1, np.int64)
+        q = None
+        if self.slots_random(slots[nd:]):
+            q = self._q_buffer()[self._dev(slots[nd:]), self._dev(ring[nd:])]
+        ok, v = self.sampler.check(logits[nd:], slots[nd:], offsets[nd:], drafts, q)
+        return checking, ok, v
 
     def _draft(self, b, rows: np.ndarray) -> np.ndarray:
         """Keep the depth-d states of draft rows that reached depth d; draw the next drafts."""

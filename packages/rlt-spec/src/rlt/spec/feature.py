@@ -1,16 +1,22 @@
-"""The self_spec feature: options (engine defaults and flags), startup refusals, installation.
+"""The self_spec and async_self_spec features: options (engine defaults and flags), startup
+refusals, installation.
 
-Installs by wrapping the scheduler policy (rounds), wrapping the sampler (draft and verify) and
-replacing the executor (:class:`SpeculativeExecutor`). Refused at startup, naming the setting:
-the SHARED KV layout (a draft's loops would overwrite the only KV plane, so rejected drafts could
-not be rolled back by frontier), an engine default ``draft_loops`` not below the model's loops,
-an engine default that speculates every request while adaptive exit is the default, and the
-features this package has not been verified with (their components would be replaced twice or
-their state is not round-aware): rlt-decode's executors, graphs and pipelines, rlt-kvcache's
-prefix cache and preemption.
+``self_spec`` installs by wrapping the scheduler policy (rounds), wrapping the sampler (draft,
+verify, check) and replacing the executor (:class:`SpeculativeExecutor`). ``async_self_spec``
+(needs ``self_spec``) switches every speculating request from synchronous rounds to overlapped
+rounds (chains: the next round drafts while the current one verifies, in the same steps).
 
-``async_self_spec`` is registered as unavailable: it needs a device-resident decode loop
-(rlt-decode), which does not exist yet.
+Refused at startup, naming the setting: the SHARED KV layout (a draft's loops would overwrite the
+only KV plane, so rejected drafts could not be rolled back by frontier), an engine default
+``draft_loops`` not below the model's loops, an engine default that speculates every request
+while adaptive exit is the default, and rlt-kvcache's prefix cache and preemption (not
+round-aware; :data:`UNVERIFIED_WITH` says why).
+
+With rlt-decode installed, its features compose through the platform's interfaces alone: a step
+with speculative rows (a Row subclass) is not a decode-only step, so rlt-decode's batch builder
+hands it to the base builder, its executor hands it to this package's executor (eager), and its
+pipelined step loop drains before it and runs it synchronously; plain decode-only steps keep
+static buffers, graph replay and the lagged pipeline. Nothing here imports rlt.decode.
 """
 
 from __future__ import annotations
@@ -28,11 +34,6 @@ from rlt.spec.verify import SpeculativeSampler
 
 #: features whose combination with self_spec is refused at composition, with the reason
 UNVERIFIED_WITH = {
-    "graphs": "draft and verification steps are not captured in CUDA graphs yet",
-    "decode_pipeline": "the pipelined executor does not run speculation rounds",
-    "async_scheduling": "asynchronous scheduling needs async_self_spec, which is not available yet",
-    "static_buffers": "rlt-decode's executor does not run speculation rounds",
-    "multi_stream": "rlt-decode's executor does not run speculation rounds",
     "prefix_cache": "not verified with rlt-kvcache's prefix cache (rounds grow KV beyond shared prompt blocks)",
     "preemption": "a preempted request's round state and draft hidden states are not restored",
 }
@@ -52,9 +53,16 @@ class SpecOptions:
         "help": "adaptive K speculates only when its expected speedup exceeds 1 + this"})
     probe_interval: int = attrs.field(default=16, metadata={
         "help": "plain tokens after which a request at K = 0 tries one round with K = 1"})
+    step_cost: float = attrs.field(default=1.0, metadata={
+        "help": "adaptive K counts a speculative step as this many plain decode steps (1: the step-count rule; "
+                "speculative steps run eagerly, so where plain decode steps replay CUDA graphs it is higher: "
+                "benchmarks/spec_bench.py measures it)"})
+    max_running: int = attrs.field(default=8, metadata={
+        "help": "adaptive K starts no round while more than this many requests run (0: no limit)"})
 
     def __attrs_post_init__(self) -> None:
-        for name, lo in (("num_tokens", 0), ("draft_loops", 0), ("max_num_tokens", 1), ("probe_interval", 1)):
+        for name, lo in (("num_tokens", 0), ("draft_loops", 0), ("max_num_tokens", 1), ("probe_interval", 1),
+                         ("max_running", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < lo:
                 raise ConfigError(f"--self-spec-{name.replace('_', '-')}: must be an integer >= {lo}, got {value!r}")
@@ -65,6 +73,13 @@ class SpecOptions:
             raise ConfigError(f"--self-spec-initial-acceptance: must be in [0, 1], got {self.initial_acceptance}")
         if self.min_gain < 0:
             raise ConfigError(f"--self-spec-min-gain: must be >= 0, got {self.min_gain}")
+        if not self.step_cost > 0:
+            raise ConfigError(f"--self-spec-step-cost: must be > 0, got {self.step_cost}")
+
+    def summary(self) -> str:
+        k = f"K={self.num_tokens} for every request" if self.num_tokens else "per-request opt-in"
+        return (f"{k}, adaptive={'on' if self.adaptive else 'off'}; steps with speculative rows run eagerly and "
+                "synchronously (graphs and the pipeline apply to plain decode steps)")
 
     def resolved_draft_loops(self, num_loops: int) -> int:
         return self.draft_loops or max(1, num_loops // 2)
@@ -98,7 +113,8 @@ def install(builder, options: SpecOptions) -> None:
                 f"--no-{name.replace('_', '-')}" for name in clash) + ")")
         check_context(ctx, options)
         return SpeculativeScheduler(inner, options=options, kv=ctx.parts.kv_manager, num_loops=ctx.num_loops,
-                                    max_num_batched_tokens=ctx.max_num_batched_tokens)
+                                    max_num_batched_tokens=ctx.max_num_batched_tokens,
+                                    overlap="async_self_spec" in ctx.feature_options)
 
     builder.wrap("scheduler", scheduler)
     builder.wrap("sampler", lambda ctx, inner: SpeculativeSampler(inner, slots=ctx.parts.slots,
@@ -106,14 +122,22 @@ def install(builder, options: SpecOptions) -> None:
     builder.replace("executor", lambda ctx: SpeculativeExecutor.from_context(ctx, max_drafts=options.max_num_tokens))
 
 
+def install_async(builder, options) -> None:
+    def check(ctx, inner):
+        if "self_spec" not in ctx.feature_options:
+            raise CompositionError("async_self_spec overlaps self_spec's rounds: enable self_spec too (--self-spec)")
+        return inner
+
+    builder.wrap("scheduler", check)
+
+
 def features() -> list[Feature]:
     return [
         Feature(name="self_spec", package="rlt-spec", enabled_by_default=False, options=SpecOptions, install=install,
                 requires=frozenset({Capability.SPECULATION}),
                 description="synchronous self-speculation: draft with few loops, verify with the rest"),
-        Feature(name="async_self_spec", package="rlt-spec", enabled_by_default=False,
+        Feature(name="async_self_spec", package="rlt-spec", enabled_by_default=False, install=install_async,
                 requires=frozenset({Capability.SPECULATION}),
-                description="asynchronous self-speculation (round t+1 submitted before round t is delivered)",
-                unavailable="needs rlt-decode's device-resident decode loop, which does not exist yet; "
-                            "self_spec (synchronous) is available"),
+                description="overlapped self-speculation (needs self_spec): the next round drafts while the current "
+                            "one verifies, in the same steps; host-synchronous, eager speculative steps"),
     ]

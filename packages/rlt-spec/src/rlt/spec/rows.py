@@ -1,11 +1,17 @@
-"""The values speculation adds to the Row model: draft rows, verification rows, and the step
-result that carries draft tokens back to the scheduler policy.
+"""The values speculation adds to the Row model: draft rows, verification rows, chain rows, and
+the step result that carries drafts and verdicts back to the scheduler policy.
 
-Owns no state. A :class:`DraftRow` is a one-token row run for ``draft_loops`` loops (it exits at
-depth ``draft_loops`` by construction); its position may hold a draft token the request has not
-produced, which :meth:`DraftRow.token_ids` supplies to the batch builder. A :class:`VerifyRow`
-covers the round's ``K+1`` positions starting at depth ``draft_loops``; its input is the drafts'
-hidden states (kept by the executor).
+Owns no state. Synchronous rounds: a :class:`DraftRow` is a one-token row run for ``draft_loops``
+loops (it exits at depth ``draft_loops`` by construction); its position may hold a draft token the
+request has not produced, which :meth:`DraftRow.token_ids` supplies to the batch builder. A
+:class:`VerifyRow` covers the round's ``K+1`` positions starting at depth ``draft_loops``; its
+input is the drafts' hidden states (kept by the executor).
+
+Overlapped rounds (``async_self_spec``): a :class:`ChainRow` is a one-token row that runs all the
+request's loops; at depth ``draft_loops`` the executor drafts the next token from it (the next
+chain row starts from that draft in the following step, while this one keeps looping), and at full
+depth it checks its own draft and yields exactly one token. A request may own several chain rows
+of one step, one per in-flight position, at different depths.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import numpy as np
 
 from rlt.platform.engine.interfaces import Row, StepResult
 
-PLAIN, DRAFT, VERIFY = 0, 1, 2
+PLAIN, DRAFT, VERIFY, CHAIN = 0, 1, 2, 3
 
 
 @attrs.frozen(eq=False)
@@ -44,6 +50,19 @@ class VerifyRow(Row):
     drafts: tuple[int, ...] = ()
 
 
+@attrs.frozen(eq=False)
+class ChainRow(Row):
+    role: int = CHAIN
+    draft_loops: int = 1
+    #: the input token at this position (-1: the request's own last token, the chain's first row)
+    token: int = -1
+    #: the draft this row made for the next position at depth ``draft_loops`` (-1: not yet)
+    draft: int = -1
+
+    def token_ids(self) -> Sequence[int]:
+        return super().token_ids() if self.token < 0 else (self.token,)
+
+
 def row_column(rows: Sequence[Row], name: str, default, dtype) -> np.ndarray:
     """``getattr(row, name, default)`` for every row, as one array."""
     return np.fromiter((getattr(r, name, default) for r in rows), dtype, len(rows))
@@ -51,6 +70,8 @@ def row_column(rows: Sequence[Row], name: str, default, dtype) -> np.ndarray:
 
 @attrs.frozen(eq=False)
 class SpecStepResult(StepResult):
-    """A step result that also carries, per row, the draft token a draft row made (-1: none)."""
+    """A step result that also carries, per row, the draft token a draft or chain row made (-1:
+    none) and whether a chain row that reached full depth had its draft accepted."""
 
     draft_tokens: np.ndarray | None = None
+    accepted: np.ndarray | None = None

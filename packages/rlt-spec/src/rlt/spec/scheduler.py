@@ -1,17 +1,33 @@
 """The speculating scheduler policy: a wrapper that turns a speculating request's decode steps
-into rounds (draft rows, then one verification row).
+into rounds (synchronous: draft rows, then one verification row; overlapped: a chain of rows).
 
 The inner policy keeps owning admission, slots, KV and every request's row. While a request is
-in a round, the inner policy's row for it stays its plain decode row of the round's first token
-(position ``P``); this wrapper substitutes the round's current row in each plan and, when the
-round's verification exits, hands the inner policy that plain row as if it had exited with the
-round's tokens, so the inner policy moves on to the next position as for any decode step.
+in a round, the inner policy's row for it stays its plain decode row of its next token (position
+``P``); this wrapper substitutes the round's rows in each plan and, when a row yields tokens,
+hands the inner policy that plain row as if it had exited with them, so the inner policy moves on
+to the next position as for any decode step.
 
-A round starts whenever a speculating request's row is a plain depth-0 decode row: K comes from
-its :class:`AcceptanceTracker`, capped by the remaining ``max_tokens`` (the round emits at most
-K+1 tokens), the step budget, and the KV manager (``grow`` to ``P + K + 1`` positions); K = 0
-leaves the plain row (a plain step). A verification row entering at depth ``d`` is shortened
-(its last drafts dropped) when the step's rows would exceed ``max_num_batched_tokens``.
+Synchronous rounds: a round starts whenever a speculating request's row is a plain depth-0 decode
+row: K comes from its :class:`AcceptanceTracker`, capped by the remaining ``max_tokens`` (the
+round emits at most K+1 tokens), the step budget, and the KV manager (``grow`` to ``P + K + 1``
+positions); K = 0 leaves the plain row (a plain step). A verification row entering at depth
+``d`` is shortened (its last drafts dropped) when the step's rows would exceed
+``max_num_batched_tokens``.
+
+Overlapped rounds (``overlap``, the ``async_self_spec`` feature): a :class:`Chain` of one-token
+rows at consecutive positions ``P, P+1, ...``, oldest (deepest) first. The newest row drafts the
+next token when it reaches depth ``d``; the next step starts a row at the next position from that
+draft (depth 0) while the others keep looping, as long as at most K drafts are unverified (K
+from the tracker, re-read at each extension), the remaining ``max_tokens`` covers every row in
+flight, the step budget has room and the KV manager can ``grow``. When the oldest row reaches
+full depth it yields one token (its draft if accepted, else the correction); a rejection drops
+the rest of the chain — its rows ran on a wrong token — and the request goes on from the
+correction (a new chain, or plain decoding). Rows past the step budget wait a step (always a
+suffix of the chain, so an older row is never shallower than a newer one).
+
+Adaptive K also holds speculation off (no new rounds, no chain extensions) while more than
+``max_running`` requests run (``--self-spec-max-running``): at large batches a decode step is no
+longer one weight read shared by every row, so the step-count rule does not hold there.
 
 Per-request checks (:meth:`add`): speculation with adaptive exit, ``draft_loops`` not below the
 request's depth, K above the engine cap or the step budget are refused, naming the setting.
@@ -30,7 +46,7 @@ from rlt.platform.engine.interfaces import Row, StepPlan, StepResult, Wrapped
 from rlt.platform.engine.request import Request
 from rlt.platform.errors import InvalidRequestError
 from rlt.spec.adaptive import AcceptanceTracker
-from rlt.spec.rows import DRAFT, VERIFY, DraftRow, VerifyRow
+from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, ChainRow, DraftRow, VerifyRow, row_column
 
 
 @attrs.define(eq=False)
@@ -40,17 +56,27 @@ class Round:
     drafts: list[int] = attrs.field(factory=list)
 
 
+@attrs.define(eq=False)
+class Chain:
+    plain: Row  # the inner policy's row for the request (depth 0 at rows[0].start)
+    rows: list[ChainRow]  # in flight: consecutive positions, oldest (deepest) first
+
+
 class SpeculativeScheduler(Wrapped):
     accepts_speculation = True
 
-    def __init__(self, inner, *, options, kv, num_loops: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, inner, *, options, kv, num_loops: int, max_num_batched_tokens: int,
+                 overlap: bool = False) -> None:
         super().__init__(inner)
         self.options = options
         self.kv = kv
         self.num_loops = num_loops
         self.budget = max_num_batched_tokens
+        #: overlapped rounds (chains) instead of synchronous ones, for every speculating request
+        self.overlap = overlap
         self.trackers: "weakref.WeakKeyDictionary[Request, AcceptanceTracker]" = weakref.WeakKeyDictionary()
         self.rounds: "weakref.WeakKeyDictionary[Request, Round]" = weakref.WeakKeyDictionary()
+        self.chains: "weakref.WeakKeyDictionary[Request, Chain]" = weakref.WeakKeyDictionary()
 
     # -- requests ------------------------------------------------------------------------------
     def resolve(self, request: Request) -> AcceptanceTracker | None:
@@ -79,8 +105,8 @@ class SpeculativeScheduler(Wrapped):
                 f"{where}.num_tokens: {k} + 1 verified positions exceed max_num_batched_tokens ({self.budget})",
                 "speculation.num_tokens")
         return AcceptanceTracker(k_max=k, draft_loops=d, num_loops=request.max_loops, adaptive=o.adaptive,
-                                 initial_acceptance=o.initial_acceptance, min_gain=o.min_gain,
-                                 probe_interval=o.probe_interval)
+                                 overlap=self.overlap, initial_acceptance=o.initial_acceptance,
+                                 min_gain=o.min_gain, step_cost=o.step_cost, probe_interval=o.probe_interval)
 
     def add(self, request: Request) -> None:
         tracker = self.resolve(request)
@@ -90,6 +116,7 @@ class SpeculativeScheduler(Wrapped):
 
     def finish(self, request: Request) -> None:
         self.rounds.pop(request, None)
+        self.chains.pop(request, None)
         self.trackers.pop(request, None)
         self.inner.finish(request)
 
@@ -97,9 +124,15 @@ class SpeculativeScheduler(Wrapped):
         return self.trackers.get(request)
 
     # -- steps ---------------------------------------------------------------------------------
+    def speculation_allowed(self) -> bool:
+        """Whether new rounds may start (and chains grow) now: adaptive K holds speculation off
+        while more than ``max_running`` requests run."""
+        o = self.options
+        return not o.adaptive or not o.max_running or self.inner.num_running <= o.max_running
+
     def _start(self, row: Row, tracker: AcceptanceTracker, budget_left: int) -> Round | None:
         req = row.request
-        remaining = req.max_tokens - len(req.output_token_ids)
+        remaining = req.max_tokens - req.num_produced
         k = min(tracker.next_k(), remaining - 1, budget_left - 1)
         if k <= 0 or not self.kv.grow(row.slot, req, row.start + k + 1):
             return None
@@ -109,23 +142,52 @@ class SpeculativeScheduler(Wrapped):
 
     def schedule(self) -> StepPlan:
         plan = self.inner.schedule()
-        rows = list(plan.rows)
-        used = sum(r.length for r in rows)
-        for i, row in enumerate(rows):
+        allowed = self.speculation_allowed()
+        rows: list[Row] = []
+        used = sum(r.length for r in plan.rows)
+        for row in plan.rows:
             tracker = self.trackers.get(row.request)
             if tracker is None:
+                rows.append(row)
+                continue
+            if self.overlap:
+                chain_rows = self._chain_rows(row, tracker, allowed, self.budget - used + row.length)
+                used += len(chain_rows) - row.length
+                rows.extend(chain_rows)
                 continue
             rnd = self.rounds.get(row.request)
-            if rnd is None and row.depth == 0 and not row.in_prompt and row.length == 1:
+            if rnd is None and allowed and row.depth == 0 and not row.in_prompt and row.length == 1:
                 rnd = self._start(row, tracker, self.budget - used + 1)
                 if rnd is not None:
                     self.rounds[row.request] = rnd
             if rnd is not None:
                 used += rnd.row.length - row.length
-                rows[i] = rnd.row
+                row = rnd.row
+            rows.append(row)
         if used > self.budget:
             self._shrink(rows, used - self.budget)
         return StepPlan(tuple(rows), plan.failed)
+
+    def _chain_rows(self, row: Row, tracker: AcceptanceTracker, allowed: bool, room: int) -> list[Row]:
+        """The request's rows of this step: its chain's (started or extended here), or its plain row."""
+        req = row.request
+        chain = self.chains.get(req)
+        if chain is None:
+            if not allowed or row.depth != 0 or row.in_prompt or row.length != 1:
+                return [row]
+            if req.max_tokens - req.num_produced < 2 or tracker.next_k() <= 0:
+                return [row]
+            chain = Chain(row, [ChainRow(req, row.slot, row.start, 1, 0, samples=False, in_prompt=False,
+                                         draft_loops=tracker.draft_loops)])
+            self.chains[req] = chain
+        chain.plain = row
+        last = chain.rows[-1]
+        n = len(chain.rows)
+        if (last.draft >= 0 and allowed and n < room and n <= tracker.current_k()
+                and n < req.max_tokens - req.num_produced and self.kv.grow(row.slot, req, last.start + 2)):
+            chain.rows.append(ChainRow(req, row.slot, last.start + 1, 1, 0, samples=False, in_prompt=False,
+                                       draft_loops=last.draft_loops, token=last.draft))
+        return chain.rows[: max(1, room)]
 
     def _shrink(self, rows: list[Row], excess: int) -> None:
         """Drop trailing drafts of verification rows entering this step until the rows fit."""
@@ -141,25 +203,32 @@ class SpeculativeScheduler(Wrapped):
             excess -= cut
 
     def advance(self, rows: Sequence[Row], result: StepResult, done: set[Request]) -> None:
+        role = row_column(rows, "role", PLAIN, np.int8)
+        if not role.any():  # plain rows only (also a lagged step's shape, whose tokens are not read)
+            self.inner.advance(rows, result, done)
+            return
         off = result.token_offsets
         drafts = getattr(result, "draft_tokens", None)
         keep: list[int] = []  # rows the inner policy moves on (plain ones, finished rounds)
         inner_rows: list[Row] = []
+        chained: dict[Request, dict[int, int]] = {}  # request -> position -> row index
         for i, row in enumerate(rows):
-            role = getattr(row, "role", 0)
             req = row.request
-            if role == 0:
+            if role[i] == PLAIN:
                 keep.append(i)
                 inner_rows.append(row)
                 continue
             if req in done:  # finished in this step: it owns no rows any more
+                continue
+            if role[i] == CHAIN:
+                chained.setdefault(req, {})[row.start] = i
                 continue
             rnd = self.rounds.get(req)
             if rnd is None:  # finished while the step ran
                 continue
             if not result.exited[i]:
                 rnd.row = row.deeper()
-            elif role == DRAFT:
+            elif role[i] == DRAFT:
                 rnd.row = self._after_draft(row, rnd, int(drafts[i]))
             else:
                 n = int(off[i + 1] - off[i])
@@ -167,11 +236,40 @@ class SpeculativeScheduler(Wrapped):
                 del self.rounds[req]
                 keep.append(i)
                 inner_rows.append(rnd.plain)
+        for req, at in chained.items():
+            chain = self.chains.get(req)
+            if chain is not None:
+                self._advance_chain(req, chain, at, result, drafts, keep, inner_rows)
         idx = np.asarray(keep, np.int64)
         tok = np.concatenate([np.arange(off[i], off[i + 1]) for i in keep]) if keep else np.zeros(0, np.int64)
         self.inner.advance(inner_rows, StepResult(
             result.exited[idx], result.num_tokens[idx], result.token_ids[tok.astype(np.int64)],
             exit_latency=result.exit_latency), done)
+
+    def _advance_chain(self, req: Request, chain: Chain, at: dict[int, int], result: StepResult, drafts,
+                       keep: list[int], inner_rows: list[Row]) -> None:
+        """Move a chain on after a step (``at``: position -> row index of its rows in the step)."""
+        oldest = at.get(chain.rows[0].start)
+        if oldest is not None and result.exited[oldest]:  # the oldest reached full depth: one token
+            ok = bool(result.accepted[oldest])
+            self.trackers[req].update(1, int(ok))
+            keep.append(oldest)
+            inner_rows.append(chain.plain)
+            if not ok:  # the newer rows ran on the rejected draft: the request goes on from the correction
+                del self.chains[req]
+                return
+            chain.rows.pop(0)
+        moved = []
+        for row in chain.rows:
+            i = at.get(row.start)
+            if i is not None:
+                row = row.deeper()
+                if drafts[i] >= 0:
+                    row = attrs.evolve(row, draft=int(drafts[i]))
+            moved.append(row)
+        chain.rows = moved
+        if not moved:
+            del self.chains[req]
 
     @staticmethod
     def _after_draft(row: DraftRow, rnd: Round, token: int) -> Row:

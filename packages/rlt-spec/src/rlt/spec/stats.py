@@ -1,4 +1,10 @@
-"""A step observer that counts speculation: rounds verified, drafts checked, drafts accepted.
+"""A step observer that counts speculation: rounds verified, drafts made, drafts accepted, and
+rejections (a chain row that reaches full depth checks one draft and counts as a round of one).
+
+``acceptance`` is the per-draft acceptance ``a`` of the cost model (docs/spec.md): accepted drafts
+over accepted drafts plus rejections — the chance that a draft is accepted when every draft
+before it in its round was. ``accepted_fraction`` (accepted over all drafts made) is lower for
+synchronous rounds: the drafts after a round's first rejection are made but never judged.
 
 Reads each step's rows and result only (never modifies them); benchmarks and tests register it
 with ``engine.add_observer``.
@@ -9,7 +15,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from rlt.spec.rows import VERIFY, row_column
+from rlt.spec.rows import CHAIN, VERIFY, row_column
 
 
 @attrs.define
@@ -17,19 +23,38 @@ class SpecStats:
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
+    rejected: int = 0
     steps: int = 0
 
     @property
     def acceptance(self) -> float:
-        """Fraction of checked drafts that were accepted (nan before any round)."""
+        """Per-draft acceptance: accepted / (accepted + rejections) (nan before any round)."""
+        judged = self.accepted + self.rejected
+        return self.accepted / judged if judged else float("nan")
+
+    @property
+    def accepted_fraction(self) -> float:
+        """Accepted drafts over all drafts made (nan before any round)."""
         return self.accepted / self.drafted if self.drafted else float("nan")
+
+    def reset(self) -> None:
+        self.rounds = self.drafted = self.accepted = self.rejected = self.steps = 0
 
     def on_step(self, batch, result) -> None:
         self.steps += 1
         role = row_column(batch.rows, "role", 0, np.int8)
         done = np.nonzero((role == VERIFY) & (result.num_tokens > 0))[0]
         if len(done):
-            lens = np.fromiter((batch.rows[i].length for i in done), np.int64, len(done))
+            drafts = np.fromiter((batch.rows[i].length for i in done), np.int64, len(done)) - 1
+            kept = result.num_tokens[done] - 1
             self.rounds += len(done)
-            self.drafted += int((lens - 1).sum())
-            self.accepted += int((result.num_tokens[done] - 1).sum())
+            self.drafted += int(drafts.sum())
+            self.accepted += int(kept.sum())
+            self.rejected += int((kept < drafts).sum())
+        checked = np.nonzero((role == CHAIN) & (result.num_tokens > 0))[0]
+        if len(checked):
+            ok = int(result.accepted[checked].sum())
+            self.rounds += len(checked)
+            self.drafted += len(checked)
+            self.accepted += ok
+            self.rejected += len(checked) - ok

@@ -13,6 +13,12 @@ decoding draws from.
   ``p``; the first rejected position emits a draw from ``norm(max(p - q, 0))``, and a round whose
   drafts all pass emits a draw from ``p`` at the last position. The output distribution is ``p``'s
   (Leviathan et al. 2023, Chen et al. 2023).
+- Chain rows (overlapped rounds, :meth:`SpeculativeSampler.check`): each row checks the one draft
+  it made at depth ``d`` by the same test and emits exactly one token — the draft, or the
+  correction at the first rejection (after which the chain restarts from the correction). A fully
+  accepted chain never needs a bonus draw: the next position's token is the next row's draft,
+  checked in its turn. Each emitted token is therefore again distributed as ``p`` given the
+  accepted prefix.
 
 Noise is the counter-based noise of :mod:`rlt.platform.engine.sampler`, keyed by (request seed,
 generation step, vocabulary id); drafts and acceptance tests use their own salted streams so the
@@ -82,15 +88,10 @@ class SpeculativeSampler(Wrapped):
         drawn = gumbel_argmax(scaled, uniform_noise(lo, hi, sb.step, z.shape[-1]))
         return torch.where(sb.temperature > 0, drawn, greedy), torch.softmax(scaled, dim=-1)
 
-    @torch.inference_mode()
-    def verify(self, logits: torch.Tensor, slots: np.ndarray, offsets: np.ndarray, row_of: np.ndarray,
-               drafts: np.ndarray, q: torch.Tensor | None, num_rows: int) -> Verified:
-        """Verify ``num_rows`` rows laid out flat: position j belongs to row ``row_of[j]``, stands
-        for generation step ``offsets[j]`` past the slot's count, and checks draft ``drafts[j]``
-        (-1 at each row's last position, which only yields a token); ``row_of`` is sorted. ``q``: the draft
-        distribution at each position (rows of zeros at last positions), or None if all greedy."""
+    def _judge(self, logits: torch.Tensor, sb, drafts: np.ndarray, q: torch.Tensor | None):
+        """Per position: (raw fp32 logits, whether its draft is accepted, the token it emits: the
+        draft if accepted, else the correction; positions without a draft (-1) emit a plain draw)."""
         dev = logits.device
-        sb = self._batch(slots, offsets)
         raw = logits.float()
         z = suppressed_logits(raw, sb)
         greedy = z.argmax(dim=-1)
@@ -112,6 +113,30 @@ class SpeculativeSampler(Wrapped):
             random = sb.temperature > 0
             accept = torch.where(random, accept_random, accept)
             emitted = torch.where(random, torch.where(accept, drafts_dev, corrected), greedy)
+        return raw, accept, emitted
+
+    @staticmethod
+    def _logprobs(sb, raw: torch.Tensor, tokens: torch.Tensor):
+        """Logprobs of the raw full-depth distribution, as the base sampler reports them."""
+        lp = top_ids = top_lp = None
+        if sb.max_logprobs >= 0:
+            logp = torch.log_softmax(raw, dim=-1)
+            lp = logp.gather(1, tokens[:, None]).squeeze(1).cpu().numpy()
+            if sb.max_logprobs > 0:
+                tl, ti = logp.topk(sb.max_logprobs, dim=-1)
+                top_ids, top_lp = ti.cpu().numpy(), tl.cpu().numpy()
+        return lp, top_ids, top_lp
+
+    @torch.inference_mode()
+    def verify(self, logits: torch.Tensor, slots: np.ndarray, offsets: np.ndarray, row_of: np.ndarray,
+               drafts: np.ndarray, q: torch.Tensor | None, num_rows: int) -> Verified:
+        """Verify ``num_rows`` rows laid out flat: position j belongs to row ``row_of[j]``, stands
+        for generation step ``offsets[j]`` past the slot's count, and checks draft ``drafts[j]``
+        (-1 at each row's last position, which only yields a token); ``row_of`` is sorted. ``q``: the draft
+        distribution at each position (rows of zeros at last positions), or None if all greedy."""
+        sb = self._batch(slots, offsets)
+        raw, accept, emitted = self._judge(logits, sb, drafts, q)
+        dev = raw.device
         # Each row keeps its positions up to and including its first non-accepted one.
         n = len(row_of)
         local = torch.from_numpy(np.arange(n) - np.searchsorted(row_of, row_of)).to(dev)
@@ -120,11 +145,18 @@ class SpeculativeSampler(Wrapped):
         first.scatter_reduce_(0, row_dev, torch.where(accept, n, local), reduce="amin")
         keep = local <= first[row_dev]
         tokens = emitted[keep]
-        lp = top_ids = top_lp = None
-        if sb.max_logprobs >= 0:
-            logp = torch.log_softmax(raw[keep], dim=-1)
-            lp = logp.gather(1, tokens[:, None]).squeeze(1).cpu().numpy()
-            if sb.max_logprobs > 0:
-                tl, ti = logp.topk(sb.max_logprobs, dim=-1)
-                top_ids, top_lp = ti.cpu().numpy(), tl.cpu().numpy()
+        lp, top_ids, top_lp = self._logprobs(sb, raw[keep], tokens)
         return Verified((first + 1).cpu().numpy(), tokens.cpu().numpy(), lp, top_ids, top_lp)
+
+    @torch.inference_mode()
+    def check(self, logits: torch.Tensor, slots: np.ndarray, offsets: np.ndarray, drafts: np.ndarray,
+              q: torch.Tensor | None) -> tuple[np.ndarray, Verified]:
+        """Check one draft per row (chain rows at full depth): row i's full-depth ``logits[i]`` stand
+        for generation step ``offsets[i]`` and judge its draft ``drafts[i]`` (made from ``q[i]``, or
+        None if all greedy). Every row emits one token: its draft if accepted, else the correction.
+        Returns (accepted [M] bool, the tokens and their logprobs)."""
+        sb = self._batch(slots, offsets)
+        raw, accept, emitted = self._judge(logits, sb, drafts, q)
+        lp, top_ids, top_lp = self._logprobs(sb, raw, emitted)
+        return accept.cpu().numpy(), Verified(np.ones(len(drafts), np.int64), emitted.cpu().numpy(), lp, top_ids,
+                                              top_lp)

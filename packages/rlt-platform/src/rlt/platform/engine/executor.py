@@ -114,6 +114,12 @@ class EagerExecutor:
         for key in [k for k in self.chunk_hidden if k[0] == slot]:
             del self.chunk_hidden[key]
 
+    def _keep(self, b: StepBatch, exited: np.ndarray, h: torch.Tensor, last: torch.Tensor) -> None:
+        """Keep the state of the rows that loop again (:func:`keep_row_state`). A subclass that keeps
+        some rows' state elsewhere (rlt-spec: several in-flight one-token rows of one slot) overrides
+        it together with :meth:`_inputs`; ``h`` is per token, ``last`` per row, both in batch order."""
+        keep_row_state(b, exited, h, last, self.hidden, self.chunk_hidden)
+
     def _inputs(self, b: StepBatch) -> torch.Tensor:
         depth0 = self.model.prelude(b.embed_token_ids) if b.num_depth0 else None
         return gather_row_state(b, depth0, self.hidden, self.chunk_hidden)
@@ -141,7 +147,7 @@ class EagerExecutor:
         else:
             exited = b.fixed_exit.copy()
 
-        keep_row_state(b, exited, h, last, self.hidden, self.chunk_hidden)
+        self._keep(b, exited, h, last)
         plp = prompt_logprobs_for_batch(self.model, h, b.row_token_start, exited, b.prompt_logprobs)
         return CompletedStep(sample_exited(self.model, self.sampler, last, exited, b.samples, b.slots,
                                            prompt_logprobs=plp))

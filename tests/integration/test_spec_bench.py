@@ -1,0 +1,33 @@
+"""benchmarks/spec_bench.py runs end to end on CPU (its ``cpu`` preset, cut down): every section
+produces its rows, plain decoding takes D steps per token, the max_running gate keeps C above it
+on the plain path, and the cost model's steps per token is the measured one's order."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from benchmarks import spec_bench
+
+
+def test_spec_bench_cpu_preset(tmp_path):
+    res = spec_bench.main(["--preset", "cpu", "--scales", "1.0,0.03", "--targets", "0.9", "--ks", "2", "--ds", "1,2",
+                           "--out", "16", "--calib-out", "12", "--big-c", "10", "--cap", "60",
+                           "--work-dir", str(tmp_path / "work"), "--out-dir", str(tmp_path / "out")])
+    assert json.loads((tmp_path / "out" / "spec_bench.json").read_text())["chosen_scales"] == res["chosen_scales"]
+    assert set(res["baselines"]) == {"plain_eager", "plain_default"}
+    for r in res["baselines"].values():
+        assert r["steps_per_token"] == 4.0 and not r["capped"]
+    assert len(res["calibration"]) == 2 and res["chosen_scales"] == [0.03]  # the higher-acceptance scale
+    modes = [(r["mode"], r["k"], r["d"]) for r in res["c1"]]
+    assert modes[:5] == [("sync", 2, 1), ("sync", 2, 2), ("async", 2, 1), ("async", 2, 2), ("adaptive", 2, 2)]
+    assert len(modes) == 6 and modes[5][0].startswith("adaptive@")  # with the measured step cost
+    for r in res["c1"][:5]:
+        assert r["judged_drafts"] > 0 and 0 <= r["acceptance"] <= 1
+        assert r["steps_per_token"] < 4.0  # accepted drafts: fewer steps than plain
+        assert math.isclose(r["steps_per_token"], r["model_steps_per_token"], rel_tol=0.35)
+    big = {r["run"]: r for r in res["big_c"]}
+    assert set(big) == {"plain", "adaptive_gate_default", "adaptive_gate_off"}
+    assert big["adaptive_gate_default"]["judged_drafts"] == 0  # 10 running > max_running 8: plain path
+    assert big["adaptive_gate_default"]["steps_per_token"] == 4.0
+    assert big["adaptive_gate_off"]["judged_drafts"] > 0

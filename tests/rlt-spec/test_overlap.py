@@ -1,0 +1,150 @@
+"""Overlapped rounds (async_self_spec): the step schedule is the documented chain schedule, rows
+of one request at different depths share steps, the steps-per-token formula is the chain's
+expectation, adaptive K holds speculation off past ``max_running``, and the feature needs self_spec."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlt.platform import EngineConfig, SamplingParams
+from rlt.platform.composition import build_engine
+from rlt.platform.engine.assembly import CompositionError
+from rlt.spec.adaptive import async_steps_per_token, best_k, sync_steps_per_token
+from rlt.spec.feature import SpecOptions, features
+from rlt.spec.rows import CHAIN, row_column
+from spec_helpers import drain, spec_engine
+
+D = 4
+
+
+class Recorder:
+    """Per step: (request id, position, depth) of every chain row, and the verdicts in order."""
+
+    def __init__(self) -> None:
+        self.steps: list[list[tuple[str, int, int]]] = []
+        self.verdicts: list[bool] = []
+
+    def on_step(self, batch, result) -> None:
+        role = row_column(batch.rows, "role", 0, np.int8)
+        self.steps.append([(r.request.request_id, r.start, r.depth) for r, c in zip(batch.rows, role) if c == CHAIN])
+        for i in np.nonzero((role == CHAIN) & (result.num_tokens > 0))[0]:
+            self.verdicts.append(bool(result.accepted[i]))
+
+
+def chain_schedule_steps(verdicts: list[bool], tokens: int, k: int, d: int) -> int:
+    """Decode steps of one request yielding ``tokens`` tokens by the documented chain rules (an
+    independent replay): a chain starts when none is in flight; the newest row's successor starts
+    once it ran ``d`` loops, while at most ``k`` drafts are unverified and the rows in flight do not
+    exceed the tokens still to come; the oldest row yields a token after ``D`` loops; a rejection
+    drops the chain."""
+    ages: list[int] = []
+    it = iter(verdicts)
+    steps = produced = 0
+    while produced < tokens:
+        if not ages:
+            ages = [0]
+        elif ages[-1] >= d and len(ages) <= k and len(ages) < tokens - produced:
+            ages.append(0)
+        ages = [a + 1 for a in ages]
+        steps += 1
+        if ages[0] == D:
+            produced += 1
+            ages.pop(0)
+            if not next(it):
+                ages = []
+    return steps
+
+
+@pytest.mark.parametrize("k, d", [(1, 1), (2, 1), (8, 1), (1, 2), (4, 2), (2, 3)])
+def test_steps_follow_the_chain_schedule(spec_checkpoints, k, d):
+    engine = spec_engine(spec_checkpoints[1], overlap=True)
+    rec = Recorder()
+    engine.add_observer(rec)
+    n = 30
+    outs = drain(engine, [("r", [5, 17, 42], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True,
+                                                            speculation={"num_tokens": k, "draft_loops": d}))])
+    assert len(outs["r"].token_ids) == n
+    assert len(rec.verdicts) == n - 1  # every decode token came from a chain row
+    # the prompt runs D steps and yields the first token; every later one comes from the chain
+    assert len(rec.steps) == D + chain_schedule_steps(rec.verdicts, n - 1, k, d)
+    assert any(rec.verdicts) and len(rec.steps) < D * n  # drafts were accepted: fewer steps than plain
+
+
+def test_rows_of_one_request_share_steps_at_different_depths(spec_checkpoints):
+    engine = spec_engine(spec_checkpoints[1], overlap=True)
+    rec = Recorder()
+    engine.add_observer(rec)
+    drain(engine, [(f"r{i}", [5 + i, 17, 42], SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True,
+                                                             speculation={"num_tokens": 3, "draft_loops": 1}))
+                   for i in range(2)])
+    shared = 0
+    for step in rec.steps:
+        for rid in {r for r, _, _ in step}:
+            rows = sorted((p, depth) for r, p, depth in step if r == rid)
+            # consecutive positions, each newer row at least d = 1 loop shallower than the one before
+            assert all(p1 == p0 + 1 and e1 <= e0 - 1 for (p0, e0), (p1, e1) in zip(rows, rows[1:]))
+            shared += len(rows) > 1
+    assert shared > 0
+
+
+def _expected_steps(alpha: float, k: int, d: int, n: int = 3000) -> float:
+    """E[t_J + D] / E[J + 1] by the chain's start times t_j = max(t_{j-1} + d, t_{j-k-1} + D)."""
+    t = []
+    for j in range(n):
+        v = t[j - 1] + d if j else 0
+        if j > k:
+            v = max(v, t[j - k - 1] + D)
+        t.append(v)
+    p = alpha ** np.arange(n) * (1 - alpha)
+    return float((p * (np.asarray(t) + D)).sum() / (p * (np.arange(n) + 1)).sum())
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.6, 0.8, 0.95])
+@pytest.mark.parametrize("k, d", [(1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (2, 2), (8, 2), (1, 3), (4, 3)])
+def test_async_steps_per_token_is_the_chain_expectation(alpha, k, d):
+    assert async_steps_per_token(alpha, k, d, D) == pytest.approx(_expected_steps(alpha, k, d), rel=1e-9)
+
+
+def test_cost_model_values():
+    assert async_steps_per_token(1.0, 4, 2, 4) == 2.0  # one token per d steps
+    assert async_steps_per_token(1.0, 2, 1, 4) == pytest.approx(4 / 3)  # 3 rows in flight per D steps
+    assert async_steps_per_token(0.8, 4, 2, 4) == pytest.approx(2 + 0.2 * 2)
+    assert async_steps_per_token(0.0, 4, 2, 4) == 4.0
+    assert sync_steps_per_token(1.0, 8, 2, 4) == pytest.approx(20 / 9)
+    assert best_k(0.8, 8, 2, 4, 0.05, overlap=True) == 1  # every K >= ceil(D/d) - 1 is as fast: the smallest
+    assert best_k(0.8, 8, 1, 4, 0.05, overlap=True) == 3
+    assert best_k(0.05, 8, 2, 4, 0.05, overlap=True) == 0
+    # a speculative step costing two plain steps: 2.2 x 2 > 4 at d = 2; 1.3 x 2 < 4 at d = 1
+    assert best_k(0.9, 8, 2, 4, 0.05, overlap=True, step_cost=2.0) == 0
+    assert best_k(0.9, 8, 1, 4, 0.05, overlap=True, step_cost=2.0) == 3
+
+
+def test_adaptive_k_holds_off_past_max_running(spec_checkpoints):
+    """Three requests with max_running = 2: no speculative row while all three run."""
+    engine = spec_engine(spec_checkpoints[1], overlap=True, options=SpecOptions(max_running=2, num_tokens=3))
+    running, spec_steps = [], []
+    engine.add_observer(type("Obs", (), {"on_step": lambda self, b, r: (
+        running.append(len({row.request for row in b.rows})),
+        spec_steps.append(bool(row_column(b.rows, "role", 0, np.int8).any())))})())
+    lengths = [6, 12, 30]
+    drain(engine, [(f"r{i}", [5 + i, 17, 42], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+                   for i, n in enumerate(lengths)])
+    assert not any(s for s, n in zip(spec_steps, running) if n > 2)
+    assert any(spec_steps)  # and speculation once two or fewer remain
+
+
+def test_async_self_spec_needs_self_spec(spec_checkpoints):
+    with pytest.raises(CompositionError, match="--self-spec"):
+        build_engine(EngineConfig(model=str(spec_checkpoints[0]), dtype="float32"), features=features(),
+                     enabled={"async_self_spec": True})
+
+
+def test_overlapped_seeded_sampling_is_reproducible(spec_checkpoints):
+    path = spec_checkpoints[1]
+    reqs = [(f"r{i}", [5, 17, 42, 99], SamplingParams(max_tokens=12, temperature=0.8, seed=7 + i, ignore_eos=True,
+                                                      speculation={"num_tokens": 4, "draft_loops": 1}))
+            for i in range(3)]
+    a = drain(spec_engine(path, overlap=True), reqs)
+    b = drain(spec_engine(path, overlap=True), reqs[::-1])  # another order, other batch neighbours
+    assert {k: list(v.token_ids) for k, v in a.items()} == {k: list(v.token_ids) for k, v in b.items()}
