@@ -1,4 +1,4 @@
-"""The comparison table of README.md: per client and endpoint, the median over the 3 rounds of each
+"""The comparison table of README.md: per client and endpoint, the median over the rounds of each
 metric (vllm bench serve's result JSON vs serve_bench's), from the files beside this script.
 Usage: python benchmarks/results/cpu-vllm-bench-20261204/compare.py [DIR]"""
 import json
@@ -28,7 +28,7 @@ print("| client | endpoint | " + " | ".join(cols) + " |")
 print("|---" * (len(cols) + 2) + "|")
 for ep in ("cmpl", "chat"):
     for name, row in (("vllm", vllm_row), ("sb", sb_row)):
-        runs = [row(json.loads((d / f"{name}_{ep}_{i}.json").read_text())) for i in (1, 2, 3)]
+        runs = [row(json.loads(f.read_text())) for f in sorted(d.glob(f"{name}_{ep}_[0-9]*.json"))]
         med = {c: statistics.median(r[c] for r in runs) for c in cols}
         client = "vllm bench serve" if name == "vllm" else "serve_bench"
         print(f"| {client} | {ep} | " + " | ".join(f"{med[c]:.0f}" if c in ("ok", "failed", "in", "out", "out_tps")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # vllm bench serve (both OpenAI backends) and benchmarks/serve_bench.py against rlt-server serve
-# (demo model) on loopback, same workload, alternating, 3 rounds. Run from the repo root with
-# the rlt venv active; VLLM points at a vllm install in a separate venv (never the project's).
+# (demo model) on loopback, same workload, alternating, $ROUNDS rounds. Run from the repo root with
+# the rlt venv active (ROUNDS=3 by default); VLLM points at a vllm install in a separate venv (never the project's).
 # Usage: VLLM=/tmp/vllm-venv/bin/vllm bash benchmarks/results/cpu-vllm-bench-20261204/run.sh
 set -euo pipefail
 D=${D:-benchmarks/results/cpu-vllm-bench-20261204}
@@ -20,6 +20,7 @@ python benchmarks/serve_bench.py --base-url "$BASE" --num-prompts 2 --max-concur
     --output-len 8 --ignore-eos > /dev/null
 
 vllm_run() {  # backend endpoint name
+    echo "  $3: load $(cut -d" " -f1-3 /proc/loadavg), pytest processes $(pgrep -fc pytest || true)" >> "$D/load.txt"
     "$VLLM" bench serve --backend "$1" --base-url "$BASE" --endpoint "$2" \
         --model demo-ouro-tiny-v2 --tokenizer "$TOK" \
         --dataset-name random --random-input-len $IN --random-output-len $OUT --num-prompts $N \
@@ -28,12 +29,13 @@ vllm_run() {  # backend endpoint name
         --save-result --save-detailed --result-dir "$D" --result-filename "$3.json" > "$D/$3.txt" 2>&1
 }
 sb_run() {  # endpoint name
+    echo "  $2: load $(cut -d" " -f1-3 /proc/loadavg), pytest processes $(pgrep -fc pytest || true)" >> "$D/load.txt"
     python benchmarks/serve_bench.py --base-url "$BASE" --endpoint "$1" --model demo-ouro-tiny-v2 \
         --num-prompts $N --request-rate inf --input-len $WORDS --output-len $OUT --ignore-eos --temperature 0 \
         --seed 0 --label serve_bench --result-file "$D/$2.json" > "$D/$2.txt" 2>&1
 }
-for r in 1 2 3; do
-    echo "round $r: $(uptime)" | tee -a "$D/load.txt"
+for r in $(seq "${ROUNDS:-3}"); do
+    echo "round $r: $(uptime); other pytest processes: $(pgrep -fc pytest || true)" | tee -a "$D/load.txt"
     vllm_run vllm /v1/completions "vllm_cmpl_$r"
     sb_run /v1/completions "sb_cmpl_$r"
     vllm_run openai-chat /v1/chat/completions "vllm_chat_$r"
