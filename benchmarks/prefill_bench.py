@@ -14,7 +14,8 @@ Workloads (``--workload``, several allowed):
   memory above the same prompt without them, against the stated bound (four LM-head slices of
   ``DEFAULT_CHUNK_SIZE`` positions x vocab fp32 values).
 - ``smooth``: ``--decoders`` (32) requests decoding while ``--arrival-len`` (16384) prompts arrive
-  every ``--arrive-every`` seconds for ``--duration`` seconds, for each of ``--modes``: the
+  every ``--arrive-every`` seconds for ``--duration`` seconds (after one untimed long prompt among
+  the decoders, so Triton compiles its shapes first; ``--no-smooth-warmup`` skips it), for each of ``--modes``: the
   decoders' inter-token latency p50 / p99 and the long prompts' TTFT. Modes: ``full`` (no
   chunked prefill, a budget that fits the prompt), ``chunked`` (the engine's default budget, the
   decode-smoothness cap at ratio 1.5, which is opt-in), ``wavefront`` (the cap, WCPB with
@@ -232,6 +233,12 @@ def smooth(model, args, mode):
     started: set[str] = set()
     while len(started) < args.decoders:  # every decoder past its prompt
         started |= {o.request_id for o in engine.step() if o.token_ids}
+    if args.smooth_warmup:  # one long prompt among the decoders, untimed: the Triton compiles of its shapes
+        engine.add_request("warm", _ids(args.arrival_len, 999), SamplingParams(max_tokens=1, temperature=0.0,
+                                                                              ignore_eos=True))
+        done = False
+        while not done:
+            done = any(o.request_id == "warm" and o.finished for o in engine.step())
     last: dict[str, float] = {}
     itl: list[float] = []
     windows: list[tuple[float, float]] = []
@@ -239,6 +246,9 @@ def smooth(model, args, mode):
     ttft: list[float] = []
     start = time.perf_counter()
     next_arrival, n, refill = start, 0, args.decoders
+    for _ in range(args.decoders - sum(r.startswith("d") for r in engine.running_request_ids())):
+        refill += 1  # decoders that finished during the warm-up are replaced
+        engine.add_request(f"d{refill}", _ids(128, 100 + refill), dec)
     while time.perf_counter() - start < args.duration:
         now = time.perf_counter()
         if now >= next_arrival:
@@ -300,6 +310,8 @@ def main(argv=None):
     ap.add_argument("--arrival-len", type=int, default=16384)
     ap.add_argument("--arrive-every", type=float, default=3.0)
     ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--smooth-warmup", action=argparse.BooleanOptionalAction, default=True,
+                    help="smooth: run one long prompt among the decoders before the timed window")
     ap.add_argument("--num-kv-blocks", type=int, default=24000)
     ap.add_argument("--decode-tokens", type=int, default=512, help="max_tokens of each decoding request")
     ap.add_argument("--modes", nargs="+", default=["full", "chunked", "wavefront", "chunked-r2", "budget2048"])

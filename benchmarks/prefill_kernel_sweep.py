@@ -170,6 +170,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default=None, help="main,extra,... prompt lengths (default 8192,2048,32768)")
     ap.add_argument("--top", type=int, default=6, help="variants (besides the default) also run at the other sizes")
     ap.add_argument("--tolerance", type=float, default=1e-2, help="rel. error bound (bf16)")
+    ap.add_argument("--limit", type=int, default=None,
+                    help="run only the first N variants (the default and the old kernel come first)")
     args = ap.parse_args(argv)
     if not args.cpu_smoke and not torch.cuda.is_available():
         print("prefill_kernel_sweep: no GPU visible to torch here (use --cpu-smoke to check the logic)")
@@ -186,7 +188,7 @@ def main(argv=None) -> int:
     bench = Bench(args.cpu_smoke)
     sizes = [int(s) for s in (args.sizes or ("48,16,80" if args.cpu_smoke else "8192,2048,32768")).split(",")]
     main_n, extra = sizes[0], sizes[1:]
-    cand = variants()
+    cand = variants()[:args.limit]
     if args.cpu_smoke:  # interpreter: small tiles, a few variants
         cand = [(name, attrs.evolve(t, block_m=16, block_n=16)) for name, t in cand[:2] + cand[8:11]]
     t0 = time.time()

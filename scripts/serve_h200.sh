@@ -9,7 +9,8 @@
 #   OUT=benchmarks/results/<dir> bash scripts/serve_h200.sh            # on the H200 (wheels: .whl/serve)
 #   OUT=/tmp/sh PRESET=cpu-tiny PYTHON=python bash scripts/serve_h200.sh  # the logic on CPU, demo-sized model
 # CONCS, SERVE_FLAGS (extra server flags, e.g. --no-pipeline), FAST=1 (install uvloop + httptools from
-# .whl/fast first: uvicorn picks them up), SKIP_OFFLINE=1 (serve side only)
+# .whl/fast first: uvicorn picks them up), SKIP_OFFLINE=1 (serve side only). The server warms up before it
+# listens (--warmup auto: on for a GPU); SERVE_FLAGS="--warmup off" measures without.
 set -uo pipefail
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
@@ -51,15 +52,18 @@ done
 if [ $ok != 1 ]; then echo "server did not become healthy"; tail -30 "$OUT/server.log"; exit 1; fi
 $PY -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/v1/engine').text)" > "$OUT/engine.json"
 WL=()
-for c in $CONCS; do
+SEEN=" "
+for c in $CONCS; do   # a C listed twice runs twice (the second's files: serve-c<C>-r2.*), offline once
   req=$c; [ "$c" = 1 ] && req=2
+  tag=c$c; [[ $SEEN == *" $c "* ]] && tag=c$c-r2
   timeout ${BENCH_TIMEOUT:-150} $PY benchmarks/serve_bench.py --base-url "http://127.0.0.1:$PORT" --num-prompts "$req" \
     --max-concurrency "$c" --input-len "$WORDS" --output-len "$OUTLEN" --ignore-eos --num-warmups 2 \
-    --percentiles 50,99 --result-file "$OUT/serve-c$c.json" > "$OUT/serve-c$c.log" 2>&1 || echo "serve_bench C=$c failed (see serve-c$c.log)"
+    --percentiles 50,99 --result-file "$OUT/serve-$tag.json" > "$OUT/serve-$tag.log" 2>&1 || echo "serve_bench C=$c failed (see serve-$tag.log)"
   # the engine's own counters after the run (steps, graph replays, pipeline sync reasons / drains) and /metrics
-  $PY -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/v1/engine').text)" > "$OUT/engine-after-c$c.json" 2>/dev/null
-  $PY -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/metrics').text)" > "$OUT/metrics-after-c$c.txt" 2>/dev/null
-  WL+=(--workload "c=$c,in=$($PY -c "import json;d=json.load(open('$OUT/serve-c$c.json'));print(max(1,d['total_input_tokens']//max(1,d['completed'])))" 2>/dev/null || echo 1024),out=$OUTLEN,req=$req,budget=$BUDGET,name=c$c")
+  $PY -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/v1/engine').text)" > "$OUT/engine-after-$tag.json" 2>/dev/null
+  $PY -c "import httpx; print(httpx.get('http://127.0.0.1:$PORT/metrics').text)" > "$OUT/metrics-after-$tag.txt" 2>/dev/null
+  [[ $SEEN == *" $c "* ]] || WL+=(--workload "c=$c,in=$($PY -c "import json;d=json.load(open('$OUT/serve-c$c.json'));print(max(1,d['total_input_tokens']//max(1,d['completed'])))" 2>/dev/null || echo 1024),out=$OUTLEN,req=$req,budget=$BUDGET,name=c$c")
+  SEEN="$SEEN$c "
 done
 stop_server
 [ "${SKIP_OFFLINE:-0}" = 1 ] || timeout ${OFFLINE_TIMEOUT:-240} $PY -m benchmarks.offline_bench --model "$CK" --dtype "$DTYPE" --attention-backend "$ATTN" \
@@ -68,7 +72,8 @@ stop_server
 $PY - "$OUT" $CONCS <<'PY'
 import json, sys
 from pathlib import Path
-out, concs = Path(sys.argv[1]), sys.argv[2:]
+out, concs = Path(sys.argv[1]), list(dict.fromkeys(sys.argv[2:]))
+concs += [f"{c}-r2" for c in concs if (out / f"serve-c{c}-r2.json").exists()]
 try:
     results = json.loads((out / "offline" / "results.json").read_text())
     offline = {w["workload"]["name"]: w["median"] for w in results["workloads"]}
@@ -81,7 +86,7 @@ for c in concs:
         s = json.loads((out / f"serve-c{c}.json").read_text())
     except (OSError, ValueError):
         lines.append(f"| {c} | failed | | | | | |"); continue
-    off = (offline.get(f"c{c}") or {}).get("e2e_tok_s")
+    off = (offline.get(f"c{c.split('-')[0]}") or {}).get("e2e_tok_s")
     ratio = f"{s['output_throughput'] / off:.2f}" if off else "n/a"
     f = lambda k: f"{s[k]['p50']:.1f} / {s[k]['p99']:.1f}"
     lines.append(f"| {c} | {s['output_throughput']:.1f} | {off and f'{off:.1f}'} | {ratio} | {f('ttft_ms')} | {f('tpot_ms')} | {f('itl_ms')} |")

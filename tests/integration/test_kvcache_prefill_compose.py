@@ -13,6 +13,8 @@ import random
 import pytest
 import torch
 
+from compose_helpers import run_with_arrivals
+
 from rlt.decode.feature import FEATURES as DECODE
 from rlt.kvcache.feature import FEATURES as KVCACHE
 from rlt.kvcache.options import PreemptionOptions, PrefixCacheOptions
@@ -50,19 +52,6 @@ def _items(seed):
     return out
 
 
-def _run(engine, items):
-    done, pending, step = {}, list(enumerate(items)), 0
-    while pending or engine.has_unfinished_requests():
-        if pending and step % 3 == 0:  # arrivals while others decode
-            i, (p, sp) = pending.pop(0)
-            engine.add_request(f"r{i}", p, sp)
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o
-        step += 1
-    return [done[f"r{i}"] for i in range(len(items))]
-
-
 def _check(path, items, outs):
     ck = load_checkpoint(path, dtype=torch.float32)
     ref = ck.family.build_reference(ck.config, ck.weights)
@@ -84,7 +73,7 @@ def test_chunked_prefill_prefix_cache_preemption_oracle(tiny_checkpoint, chunk, 
     engine = _engine(path, chunk=chunk, wavefront=wavefront, mode=mode, num_blocks=52)
     assert engine.assembly.describe()["scheduler"] == ["preemption", "chunked_prefill"]
     items = _items(seed=chunk * 2 + wavefront)
-    outs = _run(engine, items)
+    outs = run_with_arrivals(engine, items, 3)
     _check(path, items, outs)
     m = _metrics(engine)
     assert m["prefix_cache_hit_tokens"] > 0
@@ -96,7 +85,7 @@ def test_prefix_cache_with_chunked_prefill_and_no_preemption(tiny_checkpoint):
     path = tiny_checkpoint(seed=32)
     engine = _engine(path, chunk=5, wavefront=True, mode=None)
     items = _items(seed=3)
-    outs = _run(engine, items)
+    outs = run_with_arrivals(engine, items, 3)
     _check(path, items, outs)
     assert _metrics(engine)["prefix_cache_hit_tokens"] > 0
 
@@ -108,7 +97,7 @@ def test_static_buffers_on_top_with_incremental_pages(tiny_checkpoint, mode):
     engine = _engine(path, chunk=3, wavefront=True, mode=mode, static=True, num_blocks=52)
     assert "static_buffers" in engine.assembly.describe()["executor"]
     items = _items(seed=9)
-    outs = _run(engine, items)
+    outs = run_with_arrivals(engine, items, 3)
     _check(path, items, outs)
     assert _metrics(engine)["kv_preemptions"] > 0
 

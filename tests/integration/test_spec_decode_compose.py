@@ -14,6 +14,8 @@ import random
 
 import pytest
 
+from compose_helpers import run_with_arrivals
+
 from rlt.decode.feature import FEATURES as DECODE
 from rlt.platform import EngineConfig, SamplingParams
 from rlt.platform.checkpoint import load_checkpoint
@@ -52,20 +54,12 @@ def test_speculation_with_decode_pipeline_is_exact(tiny_checkpoint, tmp_path, ov
     stats = SpecStats()
     engine.add_observer(stats)
     items = _items(3)
-    done, pending, step = {}, list(enumerate(items)), 0
-    while pending or engine.has_unfinished_requests():
-        if pending and step % 4 == 0:  # arrivals while others decode
-            i, (p, sp) = pending.pop(0)
-            engine.add_request(f"r{i}", p, sp)
-        for o in engine.step():
-            if o.finished:
-                done[o.request_id] = o
-        step += 1
+    outs = run_with_arrivals(engine, items, 4)  # arrivals while others decode
     ck = load_checkpoint(path, dtype=__import__("torch").float32)
     ref = ck.family.build_reference(ck.config, ck.weights)
     for i, (prompt, sp) in enumerate(items):
         want, depths = reference_generate(ref, prompt, max_tokens=sp.max_tokens)
-        out = done[f"r{i}"]
+        out = outs[i]
         assert out.error is None
         assert list(out.token_ids) == want, (i, sp.speculation)
         assert list(out.exit_depths) == depths

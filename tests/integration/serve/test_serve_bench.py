@@ -101,6 +101,17 @@ def _event(payload) -> bytes:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
 
 
+def _one_request(clock, script, chat: bool):
+    """serve_bench's one request against a server that sends ``script`` ((delay, bytes) pairs) on ``clock``."""
+    transport = httpx.MockTransport(lambda req: httpx.Response(200, stream=_ScriptedStream(clock, script)))
+
+    async def go():
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await serve_bench.one_request(client, "http://fake/v1/x", {}, chat, 10.0)
+
+    return asyncio.run(go())
+
+
 @pytest.mark.parametrize("chat", [False, True])
 def test_metrics_follow_vllm_bench_serve_definitions(monkeypatch, chat):
     """Known chunk timings in, vLLM's TTFT / ITL / E2EL / TPOT out: every chunk with choices is timed
@@ -124,13 +135,7 @@ def test_metrics_follow_vllm_bench_serve_definitions(monkeypatch, chat):
     else:
         script = [(0.25, first), *body, (1.0, usage)]
     script.append((0.0, b"data: [DONE]\n\n"))
-    transport = httpx.MockTransport(lambda req: httpx.Response(200, stream=_ScriptedStream(clock, script)))
-
-    async def go():
-        async with httpx.AsyncClient(transport=transport) as client:
-            return await serve_bench.one_request(client, "http://fake/v1/x", {}, chat, 10.0)
-
-    res = asyncio.run(go())
+    res = _one_request(clock, script, chat)
     assert res.ok and res.error == ""
     assert res.ttft == 0.25 and res.itl == [0.5, 0.125, 0.0625]
     assert res.latency == 0.9375  # the last timed chunk, not the usage (or chat's finish-only) chunk
@@ -147,13 +152,7 @@ def test_a_chat_stream_of_only_a_role_chunk_is_a_failure(monkeypatch):
     monkeypatch.setattr(serve_bench, "clock", clock)
     script = [(0.1, _event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})),
               (0.0, b"data: [DONE]\n\n")]
-    transport = httpx.MockTransport(lambda req: httpx.Response(200, stream=_ScriptedStream(clock, script)))
-
-    async def go():
-        async with httpx.AsyncClient(transport=transport) as client:
-            return await serve_bench.one_request(client, "http://fake/v1/x", {}, True, 10.0)
-
-    res = asyncio.run(go())
+    res = _one_request(clock, script, True)
     assert not res.ok and "TTFT" in res.error
 
 
@@ -161,11 +160,5 @@ def test_a_stream_without_choices_is_a_failure(monkeypatch):
     clock = _Clock()
     monkeypatch.setattr(serve_bench, "clock", clock)
     script = [(0.1, _event({"choices": [], "usage": {"completion_tokens": 0}})), (0.0, b"data: [DONE]\n\n")]
-    transport = httpx.MockTransport(lambda req: httpx.Response(200, stream=_ScriptedStream(clock, script)))
-
-    async def go():
-        async with httpx.AsyncClient(transport=transport) as client:
-            return await serve_bench.one_request(client, "http://fake/v1/x", {}, False, 10.0)
-
-    res = asyncio.run(go())
+    res = _one_request(clock, script, False)
     assert not res.ok and "TTFT" in res.error

@@ -76,6 +76,21 @@ def test_startup_report_and_v1_engine_agree(tiny_server, tiny_model):
     assert f"model:     {tiny_model} served as tiny" in out and str(tiny_model) not in json.dumps(info)
     assert info["engine"]["num_kv_blocks"] == 4096 and info["engine"]["max_num_seqs"] == 64
     assert info["server"]["capacity"] == 64 + 256 and info["server"]["max_body_bytes"] == 65536
+    assert "warm-up:   off (auto: the CPU compiles nothing at first use)" in out
+
+
+def test_warmup_modes(tiny_model):
+    """--warmup on runs the synthetic workload (and leaves the engine idle); off and CPU auto do not."""
+    from rlt.platform import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_model), dtype="float32", max_num_seqs=4, max_model_len=128))
+    assert serve._warm_up(engine, "off") == "off"
+    assert serve._warm_up(engine, "auto").startswith("off (auto")
+    line = serve._warm_up(engine, "on")
+    assert line.startswith("9 requests, ") and " steps in " in line and not engine.has_unfinished_requests()
+    assert engine.stats().num_steps > 9
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--warmup", "maybe"])
 
 
 def _fake_features(calls):

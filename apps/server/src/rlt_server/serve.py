@@ -54,6 +54,9 @@ def add_parser(sub) -> None:
                    help="model name(s) clients use; the first is reported (default: the --model directory's name)")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     g.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    g.add_argument("--warmup", choices=("auto", "on", "off"), default="auto",
+                   help="run a short synthetic workload before listening so kernels compile before real "
+                        "traffic (auto: on unless the device is the CPU)")
     add_feature_flags(p)
     p.set_defaults(run=run)
 
@@ -119,12 +122,20 @@ def describe(info: dict[str, Any], model_path: str | None = None) -> str:
 
 
 # -- run ---------------------------------------------------------------------------------------------
+def _warm_up(engine, mode: str) -> str:
+    """Warm the engine up before it listens (rlt.platform.engine.warmup says why); the banner line."""
+    if mode == "off" or (mode == "auto" and engine.platform.device_type == "cpu"):
+        return "off" if mode == "off" else "off (auto: the CPU compiles nothing at first use)"
+    return engine.warm_up().summary()
+
+
 def run(args: argparse.Namespace, extra_features: Sequence[Feature] = ()) -> int:
     server = _import_serve()
     p = plan(args, extra_features)
     _require_http(p)
     config = engine_config(args)
     engine = p.build_engine(config)
+    warmup = _warm_up(engine, args.warmup)
     aliases = []
     if args.served_model_name:
         names = args.served_model_name
@@ -137,6 +148,7 @@ def run(args: argparse.Namespace, extra_features: Sequence[Feature] = ()) -> int
     state = server.build_state(engine, statuses=p.table, options=options, served_names=names,
                                host=args.host, port=args.port, aliases=aliases)
     print(describe(state.info, state.model_path), flush=True)
+    print(f"warm-up:   {warmup}", flush=True)
     return server.serve(state, p.assembly.http_routers, host=args.host, port=args.port, log_level=args.log_level,
                         access_log=args.access_log)
 

@@ -32,6 +32,12 @@ from rlt.spec.executor import SpeculativeExecutor
 from rlt.spec.scheduler import SpeculativeScheduler
 from rlt.spec.verify import SpeculativeSampler
 
+#: a speculative step's cost in plain decode steps where plain steps replay CUDA graphs: measured on the
+#: H200 (Ouro-1.4B shapes, bf16, C = 1: speculative steps 14-22 ms eager, plain graph steps 1.31 ms; the
+#: median ratio over the K x d runs was 12.2-13.4, benchmarks/results/h200-20261204-lease4/spec). At that
+#: cost no K pays at C = 1, so adaptive K decodes plainly (never slower than the graphs) unless told otherwise.
+GRAPH_STEP_COST = 12.0
+
 #: features whose combination with self_spec is refused at composition, with the reason
 UNVERIFIED_WITH = {
     "prefix_cache": "not verified with rlt-kvcache's prefix cache (rounds grow KV beyond shared prompt blocks)",
@@ -53,10 +59,10 @@ class SpecOptions:
         "help": "adaptive K speculates only when its expected speedup exceeds 1 + this"})
     probe_interval: int = attrs.field(default=16, metadata={
         "help": "plain tokens after which a request at K = 0 tries one round with K = 1"})
-    step_cost: float = attrs.field(default=1.0, metadata={
-        "help": "adaptive K counts a speculative step as this many plain decode steps (1: the step-count rule; "
-                "speculative steps run eagerly, so where plain decode steps replay CUDA graphs it is higher: "
-                "benchmarks/spec_bench.py measures it)"})
+    step_cost: float | None = attrs.field(default=None, metadata={
+        "help": "adaptive K counts a speculative step as this many plain decode steps (default: "
+                f"{GRAPH_STEP_COST:g} when rlt-decode's graphs are on, where plain steps replay graphs and speculative "
+                "ones run eagerly; 1 otherwise; benchmarks/spec_bench.py measures it)"})
     max_running: int = attrs.field(default=8, metadata={
         "help": "adaptive K starts no round while more than this many requests run (0: no limit)"})
 
@@ -73,13 +79,19 @@ class SpecOptions:
             raise ConfigError(f"--self-spec-initial-acceptance: must be in [0, 1], got {self.initial_acceptance}")
         if self.min_gain < 0:
             raise ConfigError(f"--self-spec-min-gain: must be >= 0, got {self.min_gain}")
-        if not self.step_cost > 0:
+        if self.step_cost is not None and not self.step_cost > 0:
             raise ConfigError(f"--self-spec-step-cost: must be > 0, got {self.step_cost}")
 
     def summary(self) -> str:
         k = f"K={self.num_tokens} for every request" if self.num_tokens else "per-request opt-in"
         return (f"{k}, adaptive={'on' if self.adaptive else 'off'}; steps with speculative rows run eagerly and "
                 "synchronously (graphs and the pipeline apply to plain decode steps)")
+
+    def resolved_step_cost(self, enabled_features) -> float:
+        """``step_cost`` as given, else its default for the composition (the help text says which)."""
+        if self.step_cost is not None:
+            return self.step_cost
+        return GRAPH_STEP_COST if "graphs" in enabled_features else 1.0
 
     def resolved_draft_loops(self, num_loops: int) -> int:
         return self.draft_loops or max(1, num_loops // 2)
@@ -112,7 +124,8 @@ def install(builder, options: SpecOptions) -> None:
                 f"{name} ({UNVERIFIED_WITH[name]})" for name in clash) + ": disable one of them (" + ", ".join(
                 f"--no-{name.replace('_', '-')}" for name in clash) + ")")
         check_context(ctx, options)
-        return SpeculativeScheduler(inner, options=options, kv=ctx.parts.kv_manager, num_loops=ctx.num_loops,
+        resolved = attrs.evolve(options, step_cost=options.resolved_step_cost(ctx.feature_options))
+        return SpeculativeScheduler(inner, options=resolved, kv=ctx.parts.kv_manager, num_loops=ctx.num_loops,
                                     max_num_batched_tokens=ctx.max_num_batched_tokens,
                                     overlap="async_self_spec" in ctx.feature_options)
 

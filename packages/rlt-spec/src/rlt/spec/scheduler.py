@@ -106,7 +106,7 @@ class SpeculativeScheduler(Wrapped):
                 "speculation.num_tokens")
         return AcceptanceTracker(k_max=k, draft_loops=d, num_loops=request.max_loops, adaptive=o.adaptive,
                                  overlap=self.overlap, initial_acceptance=o.initial_acceptance,
-                                 min_gain=o.min_gain, step_cost=o.step_cost, probe_interval=o.probe_interval)
+                                 min_gain=o.min_gain, step_cost=o.resolved_step_cost(()), probe_interval=o.probe_interval)
 
     def add(self, request: Request) -> None:
         tracker = self.resolve(request)

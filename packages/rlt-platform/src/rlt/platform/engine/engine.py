@@ -26,6 +26,7 @@ from rlt.platform.engine.core import EngineCore
 from rlt.platform.engine.input_processor import InputProcessor
 from rlt.platform.engine.interfaces import COMPONENTS
 from rlt.platform.engine.output_processor import OutputProcessor
+from rlt.platform.engine.warmup import warm_up
 from rlt.platform.errors import InvalidRequestError
 from rlt.platform.outputs import RequestOutput
 from rlt.platform.platforms import Platform, detect_platform
@@ -175,3 +176,8 @@ class LLMEngine:
     # -- stepping --------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         return self._loop.step(self.core)
+
+    def warm_up(self, **kwargs):
+        """Run a short synthetic workload so kernels compile before real traffic
+        (:func:`rlt.platform.engine.warmup.warm_up`; returns its report)."""
+        return warm_up(self, **kwargs)
