@@ -14,7 +14,7 @@ output tokens; about 6 minutes on an H200, bounded by ``--cap`` per run and ``--
 3. calibration: the per-draft acceptance of overlapped chains at d = 1 and d = 2 for each
    candidate scale (``--scales``, short runs); for each target acceptance (``--targets``, at
    d = 2, in order) the unused candidate closest to it;
-4. C = ``--big-c`` (64) at the highest-acceptance chosen scale, default build: plain vs adaptive
+4. C = ``--big-c`` (64; 0 skips it) at the highest-acceptance chosen scale, default build: plain vs adaptive
    overlapped speculation (engine default K = max K, d = 2) with the default ``max_running``
    gate, and with the gate off (``max_running`` 0);
 5. C = 1 at each chosen scale (no new scale starts after ``--deadline`` seconds), default build:
@@ -288,7 +288,7 @@ def main(argv=None) -> dict:
     # -- 4. C = big_c ---------------------------------------------------------------------------
     top = max(chosen, key=lambda s: next(r[f"acceptance_d{ref_d}"] for r in res["calibration"] if r["scale"] == s))
     c = args.big_c
-    for gate in ("default", "off"):
+    for gate in ("default", "off") if c > 0 else ():  # --big-c 0 skips this part
         options = {"num_tokens": max(ks), "draft_loops": ref_d}
         if gate == "off":
             options["max_running"] = 0
@@ -304,9 +304,9 @@ def main(argv=None) -> dict:
             res["big_c"].append(r)
             log(f"C={c} {name}: {r['decode_tokens_per_s']:.1f} tok/s a={r['acceptance']:.3f} "
                 f"{r['ms_per_step']:.2f} ms/step")
-    plain_big = next(r for r in res["big_c"] if r["run"] == "plain")["decode_tokens_per_s"]
     for r in res["big_c"]:
-        r["speedup_vs_plain"] = r["decode_tokens_per_s"] / plain_big
+        r["speedup_vs_plain"] = r["decode_tokens_per_s"] / next(
+            b for b in res["big_c"] if b["run"] == "plain")["decode_tokens_per_s"]
     save()
 
     res["skipped_scales"] = []
