@@ -4,7 +4,9 @@ Shutdown on SIGINT or SIGTERM (uvicorn's handlers): stop accepting connections a
 requests (503), let in-flight requests run for up to ``--shutdown-timeout`` seconds, then abort
 what is still running — each client gets a normal end with ``finish_reason: "abort"`` — and the
 lifespan stops the engine thread, which aborts anything left and frees its KV. A SIGTERM-initiated shutdown that completed exits 0;
-SIGINT follows the usual KeyboardInterrupt path (exit 130 through the CLI).
+SIGINT exits 130: uvicorn re-raises it after shutdown (KeyboardInterrupt through the CLI), and
+:func:`serve` returns 130 itself when that re-raise was absorbed on the way out (asyncio's runner
+may turn a late SIGINT into a cancellation), so the exit code never depends on that race.
 
 Must not: parse command lines (the app does) or import feature packages.
 """
@@ -80,6 +82,12 @@ class GracefulServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
         self._state = state
+        #: the shutdown signals received, in order (uvicorn keeps its own list private)
+        self.signals: list[int] = []
+
+    def handle_exit(self, sig, frame) -> None:
+        self.signals.append(sig)
+        super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets=None) -> None:
         self._state.engine.begin_shutdown(self._state.options.shutdown_timeout)
@@ -110,4 +118,4 @@ def serve(state: ServerState, routers: Iterable[Any], *, host: str, port: int, l
     if not server.started:
         log.error("the server did not start (see the messages above)")
         return 1
-    return 0
+    return 130 if signal.SIGINT in server.signals else 0
