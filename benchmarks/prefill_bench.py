@@ -8,7 +8,8 @@ Workloads (``--workload``, several allowed):
   on FA4 when it imports).
 - ``profile``: one ``--prompt-len`` prefill of the ``single`` engine under the torch profiler (after
   a warm-up prefill): wall time, device busy time, and device time by kernel and by kind (GEMM,
-  attention, rope, norms, SwiGLU, KV write, other): where the prefill's time goes besides attention.
+  attention, rope, norms, SwiGLU, KV write, other): where the prefill's time goes besides attention;
+  and the device's idle gaps over 50 us (count, total, the largest with the kernels around them).
 - ``long``: one ``--long-len`` (32768) prompt under a ``--budget`` (2048) step budget: served?, TTFT.
 - ``logprobs``: the ``long`` prompt with ``prompt_logprobs`` (``--logprobs-k``): its peak device
   memory above the same prompt without them, against the stated bound (four LM-head slices of
@@ -25,7 +26,8 @@ Workloads (``--workload``, several allowed):
   step-time model of ``rlt.prefill.scheduler`` is fitted to them: ``T = T0 + a0 * rows + a1 *
   sum(n * mean context)``, printed as T0, a0, C0 = T0 / a0 (``--chunked-prefill-step-overhead-
   tokens``) and K = a0 / a1 (``--chunked-prefill-attention-tokens``). ITL windows that held no
-  prompt row give the decode-only noise floor (``clean_itl_*``).
+  prompt row give the decode-only noise floor (``clean_itl_*``). Steps over 5x the median step
+  (``slow_steps``) and the Triton compilations in the timed window (``triton_compiles``) are listed.
 
 Prints one JSON object per result line and writes them all to ``--out``. Nothing here asserts.
 """
@@ -85,6 +87,42 @@ class StepLog:
             else:
                 dec += r.length
         self.rows.append((time.perf_counter(), dec, rows, attn))
+
+
+class CompileLog:
+    """Triton compilations while it is installed (``triton.knobs.runtime.jit_post_compile_hook``):
+    (time, kernel name, its constexprs). A step that compiles stalls every row in it."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[float, str, str]] = []
+        self._knobs = None
+        try:
+            from triton import knobs
+        except ImportError:  # no Triton: nothing compiles
+            return
+        self._knobs = knobs.runtime
+        self._previous = self._knobs.jit_post_compile_hook
+        self._knobs.jit_post_compile_hook = self._hook
+
+    def _hook(self, *, fn, compile, **_) -> None:
+        consts = {k if isinstance(k, str) else str(k): v for k, v in (compile.get("constants") or {}).items()}
+        self.events.append((time.perf_counter(), fn.name, repr(consts)[:300]))
+
+    def close(self) -> None:
+        if self._knobs is not None:
+            self._knobs.jit_post_compile_hook = self._previous
+            self._knobs = None
+
+
+def slow_steps(log: StepLog, t0: float, factor: float = 5.0) -> list[dict]:
+    """Steps after ``t0`` that took over ``factor`` x the median step: when, how long, what they carried."""
+    recs = [r for r in log.rows if r[0] >= t0]
+    if len(recs) < 3:
+        return []
+    dt = np.diff([r[0] for r in recs])
+    cut = factor * float(np.median(dt))
+    return [{"t_s": round(recs[i + 1][0] - t0, 3), "ms": round(float(d) * 1e3, 1), "decode_tokens": recs[i + 1][1],
+             "prompt_tokens": recs[i + 1][2]} for i, d in enumerate(dt) if d > cut]
 
 
 def fit_steps(log: StepLog, t0: float) -> dict:
@@ -164,10 +202,22 @@ def profile(model, args):
         kinds[kind] += us
     busy = _union_us([(e.time_range.start, e.time_range.end) for e in kernels])
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
+    # device idle gaps between consecutive kernels: host work or a sync the device waited for
+    seq = sorted(kernels, key=lambda e: e.time_range.start)
+    gaps, end, prev = [], None, None
+    for e in seq:
+        if end is not None and e.time_range.start - end > 50.0:
+            gaps.append((e.time_range.start - end, (end - seq[0].time_range.start) / 1e3, prev, e.name))
+        if end is None or e.time_range.end > end:
+            end, prev = e.time_range.end, e.name
+    gaps.sort(key=lambda g: -g[0])
     return {"workload": "profile", "prompt_len": args.prompt_len, "wall_ms_profiled": wall * 1e3,
             "device_busy_ms": busy / 1e3, "device_kernel_ms": sum(by_name.values()) / 1e3,
             "kernels": len(kernels), "ms_by_kind": {k: round(v / 1e3, 3) for k, v in kinds.items()},
             "top_kernels_ms": [(n[:90], round(us / 1e3, 3)) for n, us in top],
+            "idle_gaps_over_50us": {"count": len(gaps), "total_ms": round(sum(g[0] for g in gaps) / 1e3, 3),
+                                    "largest": [{"us": round(g, 1), "at_ms": round(at, 2), "after": a[:60],
+                                                 "before": b[:60]} for g, at, a, b in gaps[:12]]},
             "attention": engine.ctx.parts.executor.attention.describe()}
 
 
@@ -244,6 +294,7 @@ def smooth(model, args, mode):
     windows: list[tuple[float, float]] = []
     arrivals: dict[str, float] = {}
     ttft: list[float] = []
+    compiles = CompileLog()
     start = time.perf_counter()
     next_arrival, n, refill = start, 0, args.decoders
     for _ in range(args.decoders - sum(r.startswith("d") for r in engine.running_request_ids())):
@@ -271,6 +322,7 @@ def smooth(model, args, mode):
                     engine.add_request(f"d{refill}", _ids(128, 100 + refill), dec)
             elif o.request_id in arrivals and len(o.token_ids) >= 1:
                 ttft.append(now - arrivals.pop(o.request_id))
+    compiles.close()
     for rid in list(engine.running_request_ids()):
         engine.abort_request(rid)
     p50, p99 = float(np.percentile(itl, 50)), float(np.percentile(itl, 99))
@@ -293,7 +345,9 @@ def smooth(model, args, mode):
             "clean_itl_p99_ms": None if c99 is None else 1e3 * c99,
             "clean_share": len(clean) / len(itl),
             "long_prompts_arrived": n, "ttft_s": [round(t, 3) for t in ttft],
-            "ttft_median_s": statistics.median(ttft) if ttft else None, "step_fit": fit_steps(steps, start)}
+            "ttft_median_s": statistics.median(ttft) if ttft else None, "step_fit": fit_steps(steps, start),
+            "slow_steps": slow_steps(steps, start),
+            "triton_compiles": [(round(t - start, 3), name, consts) for t, name, consts in compiles.events]}
 
 
 def main(argv=None):
