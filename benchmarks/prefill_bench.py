@@ -190,8 +190,10 @@ def profile(model, args):
     _ttft(engine, "warm", _ids(args.prompt_len, 0))
     cuda = torch.cuda.is_available()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with torch_profile(activities=acts) as prof:
+    with torch_profile(activities=acts, with_stack=bool(args.trace)) as prof:
         wall = _ttft(engine, "prof", _ids(args.prompt_len, 1))
+    if args.trace:  # the timeline (host ops and kernels) for chrome://tracing or Perfetto
+        prof.export_chrome_trace(args.trace)
     kernels = [e for e in prof.events() if _is_device_event(e)]
     by_name: dict[str, float] = {}
     for e in kernels:
@@ -370,6 +372,7 @@ def main(argv=None):
     ap.add_argument("--decode-tokens", type=int, default=512, help="max_tokens of each decoding request")
     ap.add_argument("--modes", nargs="+", default=["full", "chunked", "wavefront", "chunked-r2", "budget2048"])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--trace", default=None, help="profile: also write the chrome trace (host ops + kernels) here")
     ap.add_argument("--out", default="prefill_bench.json")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")

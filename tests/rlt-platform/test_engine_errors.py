@@ -28,6 +28,9 @@ BAD_REQUESTS = [
     ([], GREEDY, "prompt is empty"),
     ([1, 2, 9999], GREEDY, "outside the vocabulary"),
     ([1, -1], GREEDY, "outside the vocabulary"),
+    ([1, None, 2], GREEDY, "token id None is outside the vocabulary"),  # once slipped through (None was "no offender")
+    ([1, True], GREEDY, "token id True"),
+    ([1, 2.0], GREEDY, "token id 2.0"),
     (list(range(3, 70)), GREEDY, "maximum context length"),
     ([1, 2, 3], SamplingParams(max_tokens=62, temperature=0.0), "maximum context length"),
     ([1, 2], SamplingParams(max_loops=9), "exceeds the engine's 4 loops"),

@@ -98,3 +98,15 @@ def test_fallback_is_the_eager_order():
     w1, w2 = torch.rand(16, generator=g), torch.rand(16, generator=g)
     fh, fn = add_norm_norm(h, x, w1, w2, 1e-6, use_triton=False)
     assert torch.equal(fh, h + rms_norm(x, w1, 1e-6)) and torch.equal(fn, rms_norm(fh, w2, 1e-6))
+
+
+@pytest.mark.parametrize("q_heads,kv_heads,head_dim", [(16, 16, 128), (16, 8, 128), (20, 4, 128), (14, 2, 64),
+                                                       (32, 8, 128), (40, 8, 128), (2, 1, 16), (64, 64, 256)])
+def test_rope_warps_is_a_power_of_two(q_heads, kv_heads, head_dim):
+    """Triton refuses a non-power-of-two warp count at launch; GQA head counts (16 + 8 = 24 rotated
+    heads of 128: 3 warps by the old rule) must still launch."""
+    from rlt.platform.models.fused_ops import rope_warps
+
+    w = rope_warps(q_heads + kv_heads, head_dim)
+    assert 1 <= w <= 8 and w & (w - 1) == 0
+    assert w <= max(1, (q_heads + kv_heads) * head_dim // 1024)

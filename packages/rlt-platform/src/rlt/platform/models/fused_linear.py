@@ -84,7 +84,7 @@ if triton is not None:
             wb_ptrs += BLOCK_K
         return acc_a, acc_b
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])  # rows vary per step (module docstring)
     def _linear_silu_mul_kernel(X, W, OUT, M, I, K: tl.constexpr, stride_xm, stride_wn, stride_om,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                 EVEN_K: tl.constexpr, PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr):
@@ -104,7 +104,7 @@ if triton is not None:
         tl.store(OUT + offs_m[:, None].to(tl.int64) * stride_om + cols[None, :], (act * u).to(dt),
                  mask=mask_m[:, None] & mask_n[None, :])
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])
     def _linear_rope_kv_kernel(X, W, OUT, COS, SIN, K_CACHE, V_CACHE, SLOTS,
                                M, K: tl.constexpr, stride_xm, stride_wn, stride_om, stride_cs,
                                NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,

@@ -132,6 +132,14 @@ def add_norm_norm(h: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.
     return out_h, (out_n if w2 is not None else None)
 
 
+def rope_warps(heads: int, head_dim: int) -> int:
+    """Warps of one :func:`rope_qk_` program (one token, ``heads`` rotated heads): about one per
+    1,024 rotated values, at most 8, and a power of two as Triton requires (q + k heads of a GQA
+    model, such as 16 + 8, are not one: 3 warps failed the launch on the H200, aborting the step)."""
+    want = min(8, max(1, heads * head_dim // 1024))
+    return 1 << (want.bit_length() - 1)
+
+
 def rope_qk_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_q_heads: int, num_kv_heads: int,
              head_dim: int, use_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rotate the q and k parts of the fused projection ``qkv [N, (nq + 2 nkv) d]`` in place.
@@ -147,7 +155,7 @@ def rope_qk_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_q_head
         _rope_kernel[(n,)](
             qkv, cos, sin, qkv.stride(0), cos.stride(0), heads,
             HEAD_DIM=head_dim, HALF=head_dim // 2, HEADS=triton.next_power_of_2(heads),
-            num_warps=min(8, max(1, heads * head_dim // 1024)))
+            num_warps=rope_warps(heads, head_dim))
         q = qkv[:, :qd].view(n, num_q_heads, head_dim)
         k = qkv[:, qd:qd + kd].view(n, num_kv_heads, head_dim)
     else:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rlt.attention.backends.triton_kernels.paging import key_offsets
+from rlt.attention.backends.triton_kernels.paging import STEP_VARYING, key_offsets
 
 
 @triton.jit
@@ -35,7 +35,7 @@ def _split_range(seq_len, split, num_splits, BLOCK_N: tl.constexpr):
     return begin, end
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_VARYING)
 def decode_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     bt_ptr, td_ptr, slots_ptr, seq_lens_ptr, qdepth_ptr, qsl_ptr,
@@ -113,7 +113,7 @@ def decode_kernel(
         tl.store(part_ml_ptr + part * 2 + 1, l_i)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_VARYING)
 def decode_grouped_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     bt_ptr, td_ptr, slots_ptr, seq_lens_ptr, qdepth_ptr, qsl_ptr,
@@ -189,7 +189,7 @@ def decode_grouped_kernel(
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=mask_g)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def merge_splits_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, qsl_ptr,
     stride_on, num_splits,

@@ -53,7 +53,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rlt.attention.backends.triton_kernels.paging import find_row, key_offsets
+from rlt.attention.backends.triton_kernels.paging import STEP_VARYING, find_row, key_offsets
 
 #: LAZY_RESCALE threshold in the log2 domain: P values stay <= 2**8 between rescales.
 RESCALE_LOG2 = tl.constexpr(8.0)
@@ -173,7 +173,7 @@ def _attend_tile(
                        MASKED, DOT_PRECISION, FMA_SCALE, DOT_ACC, LAZY_RESCALE)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_VARYING)
 def prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr,
     bt_ptr, td_ptr, slots_ptr, seq_lens_ptr, qdepth_ptr, qsl_ptr,

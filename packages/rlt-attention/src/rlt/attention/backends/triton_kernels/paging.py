@@ -12,6 +12,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+#: Integer arguments of the attention kernels that change from step to step: the block-table and
+#: resolved-slot row strides follow the step's longest context, and the row and split counts its
+#: batch. Triton would otherwise compile a new specialisation whenever one of them becomes 1 or a
+#: multiple of 16 (0.3-2 s each, mid-serving: on the H200 four such compiles in a 15 s window put
+#: decode ITL p99 at 1.2-3.6 s, ``benchmarks/results/h200-20261204-lease5``). Unspecialised, only
+#: the constexpr variants compile, which the engine warm-up covers. (Names absent from a kernel
+#: are ignored by Triton.)
+STEP_VARYING = ["stride_btr", "stride_btp", "stride_sr", "num_rows", "num_splits"]
+
 
 @triton.jit
 def resolve_blocks(
@@ -78,7 +87,7 @@ def key_offsets(
         return block * stride_kb + slot * stride_ks
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_VARYING)
 def resolve_slots_kernel(
     slots_ptr, bt_ptr, td_ptr, seq_lens_ptr, qdepth_ptr,
     stride_sr, stride_btr, stride_btp, num_planes,
