@@ -15,8 +15,9 @@ Workloads (``--workload``, several allowed):
   memory above the same prompt without them, against the stated bound (four LM-head slices of
   ``DEFAULT_CHUNK_SIZE`` positions x vocab fp32 values).
 - ``smooth``: ``--decoders`` (32) requests decoding while ``--arrival-len`` (16384) prompts arrive
-  every ``--arrive-every`` seconds for ``--duration`` seconds (after one untimed long prompt among
-  the decoders, so Triton compiles its shapes first; ``--no-smooth-warmup`` skips it), for each of ``--modes``: the
+  every ``--arrive-every`` seconds for ``--duration`` seconds (after the engine warm-up a server
+  runs and one untimed long prompt among the decoders, so Triton compiles its shapes first;
+  ``--no-smooth-warmup`` skips both), for each of ``--modes``: the
   decoders' inter-token latency p50 / p99 and the long prompts' TTFT. Modes: ``full`` (no
   chunked prefill, a budget that fits the prompt), ``chunked`` (the engine's default budget, the
   decode-smoothness cap at ratio 1.5, which is opt-in), ``wavefront`` (the cap, WCPB with
@@ -276,6 +277,10 @@ def smooth(model, args, mode):
           "chunked-r2": dict(chunk=args.chunk, smooth={"decode_step_ratio": 2.0}),
           "budget2048": dict(budget=2048, chunk=args.chunk, smooth={"decode_step_ratio": 0})}[mode]
     engine = _engine(model, max_num_seqs=args.decoders + 8, **kw)
+    if args.smooth_warmup:  # what `rlt-server serve` runs before it listens (--warmup auto)
+        from rlt.platform.engine.warmup import warm_up
+
+        warm_up(engine, max_concurrency=args.decoders + 8)
     steps = StepLog()
     engine.add_observer(steps)
     dec = SamplingParams(max_tokens=min(args.decode_tokens, engine.max_model_len - 129), temperature=0.0,

@@ -10,6 +10,8 @@ arrays go to the device in one upload through the :class:`Uploader`.
 
 from __future__ import annotations
 
+import itertools
+
 from typing import Sequence
 
 import attrs
@@ -88,7 +90,7 @@ class RowBatchBuilder:
 
         # Tokens of depth-0 rows (decode rows: the token sampled last; prompt rows: their slice).
         pieces = [r.token_ids() for r in rows[:num_depth0]]
-        embed_ids = np.fromiter((t for p in pieces for t in p), np.int64)
+        embed_ids = np.fromiter(itertools.chain.from_iterable(pieces), np.int64, sum(map(len, pieces)))
 
         cu = np.zeros(len(slots) + 1, np.int64)
         np.cumsum(lens, out=cu[1:])
