@@ -63,7 +63,8 @@ def test_spec_fp32_greedy_exact_on_gpu(tiny_checkpoint, tmp_path, scale, overlap
     want = _run(_engine(path, False, "float32"), reqs)
     engine = _engine(path, True, "float32", overlap, decode)
     if decode:
-        assert engine.describe()["components"]["executor"] == ["self_spec", "static_buffers"]
+        # the speculative executor is the base, wrapped by rlt-decode's static executor (with its graphs)
+        assert engine.describe()["components"]["executor"] == ["self_spec", "graphs", "static_buffers"]
     got = _run(engine, reqs)
     for rid, _, _ in reqs:
         assert list(got[rid].token_ids) == list(want[rid].token_ids), rid
