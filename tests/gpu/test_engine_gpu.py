@@ -36,6 +36,25 @@ def test_engine_triton_fp32_equals_oracle(tiny_checkpoint, layout, threshold):
         assert (list(o.token_ids), list(o.exit_depths)) == (want[0], want[1])
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(16, 8), (48, 8), (20, 4)], ids=["16+8", "nanbeige-48+8", "20+4"])
+def test_gqa_head_shapes_prefill_through_the_triton_kernels(tiny_checkpoint, heads, kv_heads):
+    """Prompts over 128 tokens take the separate RoPE kernel, whose launch shape follows the head
+    count (16 + 8 and 48 + 8 rotated heads once asked Triton for 3 and 7 warps, which it refuses,
+    aborting the step): every GQA shape of the supported families must run, oracle-exact in fp32."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    path = tiny_checkpoint(seed=7, head_dim=128, hidden_size=256, num_attention_heads=heads,
+                           num_key_value_heads=kv_heads, max_position_embeddings=1024)
+    rng = random.Random(9)
+    prompts = [[rng.randrange(3, 320) for _ in range(n)] for n in (150, 290)]
+    eng = LLMEngine(EngineConfig(model=str(path), dtype="float32", device="cuda", attention_backend="triton"))
+    outs = _run(eng, prompts, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    ck = load_checkpoint(path, dtype=torch.float32)
+    ref = ck.family.build_reference(ck.config, ck.weights)
+    for p, o in zip(prompts, outs):
+        assert o.error is None, o.error
+        assert list(o.token_ids) == reference_generate(ref, p, max_tokens=6)[0]
+
+
 def test_bf16_ouro_1p4b_shapes_end_to_end(tmp_path):
     from rlt.platform.checkpoint.tiny import write_tiny_checkpoint
 

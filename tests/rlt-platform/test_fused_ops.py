@@ -101,10 +101,12 @@ def test_fallback_is_the_eager_order():
 
 
 @pytest.mark.parametrize("q_heads,kv_heads,head_dim", [(16, 16, 128), (16, 8, 128), (20, 4, 128), (14, 2, 64),
-                                                       (32, 8, 128), (40, 8, 128), (2, 1, 16), (64, 64, 256)])
+                                                       (32, 8, 128), (40, 8, 128), (48, 8, 128), (2, 1, 16),
+                                                       (64, 64, 256)])
 def test_rope_warps_is_a_power_of_two(q_heads, kv_heads, head_dim):
-    """Triton refuses a non-power-of-two warp count at launch; GQA head counts (16 + 8 = 24 rotated
-    heads of 128: 3 warps by the old rule) must still launch."""
+    """Triton refuses a non-power-of-two warp count at launch; GQA head counts must still launch:
+    16 + 8 rotated heads of 128 (3 warps by the old rule) failed on the H200, and Nanbeige4.2-3B's
+    48 + 8 (7 warps by the old rule) would abort every prompt chunk of more than 128 rows."""
     from rlt.platform.models.fused_ops import rope_warps
 
     w = rope_warps(q_heads + kv_heads, head_dim)
