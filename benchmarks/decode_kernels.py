@@ -105,7 +105,7 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
 
             def unfused(w, x=x, cos=cos, sin=sin, kc=kc, vc=vc, slots=slots):
                 if kind == "rope":
-                    q, kk, v = rope_qk_(F.linear(x, w), cos, sin, HEADS, KV_HEADS, HEAD_DIM)
+                    q, kk, v, _ = rope_qk_(F.linear(x, w), cos, sin, HEADS, KV_HEADS, HEAD_DIM)
                     kc.index_copy_(0, slots, kk.reshape(m, -1))
                     vc.index_copy_(0, slots, v.reshape(m, -1))
                     return q

@@ -49,7 +49,7 @@ def test_rope_and_silu_mul_bit_identical(dtype):
     cos, sin = rope_cos_sin(torch.arange(n, device="cuda") * 37, rope_inv_freq(d, 1e6, device="cuda"), dtype)
     q0 = apply_rope(qkv[:, : nq * d].reshape(n, nq, d), cos, sin)
     k0 = apply_rope(qkv[:, nq * d:(nq + nkv) * d].reshape(n, nkv, d), cos, sin)
-    q, k, _ = rope_qk_(qkv, cos, sin, nq, nkv, d, use_triton=True)
+    q, k, _, _ = rope_qk_(qkv, cos, sin, nq, nkv, d, use_triton=True)
     _bounded(q, q0, dtype, "rope q")
     _bounded(k, k0, dtype, "rope k")
     gu = torch.randn(n, 2 * 5632, device="cuda", generator=g).to(dtype)
@@ -87,7 +87,7 @@ def test_fused_linears_match_gemm_plus_eager_tail(dtype, rows):
     slots = torch.randperm(4 * rows + 8, device="cuda")[:rows]
     slots[0] = -1  # a padded row: stores nothing
     q, k, v, stored = fl.linear_rope_kv(x, wqkv, cos, sin, nq, nkv, d, (kc, vc, slots))
-    q0, k0, v0 = rope_qk_(F.linear(x, wqkv), cos, sin, nq, nkv, d)
+    q0, k0, v0, _ = rope_qk_(F.linear(x, wqkv), cos, sin, nq, nkv, d)
     assert stored and rows <= fl.MAX_ROWS_ROPE_KV
     check = (lambda a, b, w: torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)) if dtype == torch.float32 else \
         (lambda a, b, w: _bounded(a, b, dtype, w))

@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent("""
             vc = torch.full((20, nkv * d), 7.0, dtype=dtype)
             slots = torch.tensor([9, -1, 4, 2, 0, 1, 3, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15][:m])
             q, k, v, stored = fl.linear_rope_kv(x, wq, cos, sin, nq, nkv, d, (kc, vc, slots))
-            q0, k0, v0 = rope_qk_(F.linear(x, wq), cos, sin, nq, nkv, d, use_triton=False)
+            q0, k0, v0, _ = rope_qk_(F.linear(x, wq), cos, sin, nq, nkv, d, use_triton=False)
             assert stored
             for got, want in ((q, q0), (k, k0), (v, v0)):
                 assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max() + 1e-3, dtype

@@ -46,10 +46,24 @@ SCRIPT = textwrap.dedent("""
         q0 = apply_rope(qkv[:, : nq * d].reshape(n, nq, d), cos, sin)
         k0 = apply_rope(qkv[:, nq * d : (nq + nkv) * d].reshape(n, nkv, d), cos, sin)
         v0 = qkv[:, (nq + nkv) * d :].reshape(n, nkv, d).clone()
-        q, k, v = rope_qk_(qkv, cos, sin, nq, nkv, d, use_triton=True)
+        src = qkv.clone()
+        q, k, v, stored = rope_qk_(qkv, cos, sin, nq, nkv, d, use_triton=True)
         exact = dtype == torch.float16
+        assert not stored
         for got, want in ((q, q0), (k, k0), (v, v0)):
             assert (torch.equal(got, want) if exact else torch.allclose(got, want, atol=1e-6)), dtype
+        # the same launch storing the rotated k and the v rows at flat KV slots (as write_kv; slot -1: none)
+        kc = torch.full((6, 4, nkv, d), -7.0).to(dtype)
+        vc = kc.clone()
+        slots = torch.tensor([5, -1, 0, 23, 9, 12, 3])
+        q2, k2, _, stored = rope_qk_(src, cos, sin, nq, nkv, d, use_triton=True, kv_store=(kc, vc, slots))
+        assert stored and torch.equal(q2, q) and torch.equal(k2, k)
+        flat_k, flat_v = kc.view(-1, nkv * d), vc.view(-1, nkv * d)
+        for i, slot in enumerate(slots.tolist()):
+            if slot >= 0:
+                assert torch.equal(flat_k[slot], k[i].reshape(-1)) and torch.equal(flat_v[slot], v0[i].reshape(-1))
+        untouched = [r for r in range(flat_k.shape[0]) if r not in set(slots.tolist())]
+        assert (flat_k[untouched] == -7).all() and (flat_v[untouched] == -7).all()
         gu = torch.randn(5, 2 * 1500, generator=g).to(dtype)   # 1500: two column blocks, masked tail
         want = torch.nn.functional.silu(gu[:, :1500]) * gu[:, 1500:]
         got = silu_mul(gu, use_triton=True)

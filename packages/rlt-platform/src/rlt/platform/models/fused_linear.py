@@ -230,9 +230,8 @@ def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor,
     (flat slot rows; slots < 0 are skipped). When it returns False the caller writes the KV."""
     half = head_dim // 2
     fusable = small_m_usable(x, qkv_weight, MAX_ROWS_ROPE_KV) and head_dim % 2 == 0 and half >= 16 and (half & (half - 1)) == 0
-    if not fusable:
-        q, k, v = rope_qk_(F.linear(x, qkv_weight), cos, sin, num_q_heads, num_kv_heads, head_dim)
-        return q, k, v, False
+    if not fusable:  # prompt-sized rows: cuBLAS projection, then RoPE + KV store in one launch
+        return rope_qk_(F.linear(x, qkv_weight), cos, sin, num_q_heads, num_kv_heads, head_dim, kv_store=kv_store)
     m, kdim = x.shape
     heads = num_q_heads + 2 * num_kv_heads
     out = torch.empty((m, heads * head_dim), dtype=x.dtype, device=x.device)

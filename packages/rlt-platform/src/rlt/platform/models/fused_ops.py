@@ -1,7 +1,8 @@
 """Fused model kernels for GPUs (Triton), each in the Hugging Face rounding order.
 
 * :func:`add_norm_norm` — residual add of a normalised sub-block output plus the next norm;
-* :func:`rope_qk_` — rotary embedding of q and k in place, in one launch;
+* :func:`rope_qk_` — rotary embedding of q and k in place, in one launch (optionally storing the
+  rotated k and the v rows into the paged KV cache in that launch);
 * :func:`silu_mul` — the SwiGLU activation ``silu(gate) * up`` from the fused gate/up output.
 
 Every function writes out each rounding point of the eager op sequence it replaces (a bf16 op in
@@ -66,10 +67,12 @@ if triton is not None:
 
 
     @triton.jit
-    def _rope_kernel(QKV, COS, SIN, stride_tok, stride_cs, n_heads, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-                     HEADS: tl.constexpr):
+    def _rope_kernel(QKV, COS, SIN, K_CACHE, V_CACHE, SLOTS, stride_tok, stride_cs, n_heads,
+                     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HEADS: tl.constexpr, NUM_Q: tl.constexpr,
+                     NUM_KV: tl.constexpr, KV_HEADS: tl.constexpr, WRITE_KV: tl.constexpr):
         # One token per program, all its rotated heads at once: cos/sin are read once per token,
-        # and a long prompt launches N programs, not N x heads single-warp ones.
+        # and a long prompt launches N programs, not N x heads single-warp ones. With WRITE_KV the
+        # rotated k heads and the v heads also go to the token's flat KV slot (slot < 0: none).
         tok = tl.program_id(0)
         offs = tl.arange(0, HALF)
         heads = tl.arange(0, HEADS)
@@ -87,8 +90,25 @@ if triton is not None:
         b1 = ((-x2.to(tl.float32)) * s1).to(dt).to(tl.float32)
         a2 = (x2.to(tl.float32) * c2).to(dt).to(tl.float32)
         b2 = (x1.to(tl.float32) * s2).to(dt).to(tl.float32)
-        tl.store(base, (a1 + b1).to(dt), mask=mask)
-        tl.store(base + HALF, (a2 + b2).to(dt), mask=mask)
+        r1 = (a1 + b1).to(dt)
+        r2 = (a2 + b2).to(dt)
+        tl.store(base, r1, mask=mask)
+        tl.store(base + HALF, r2, mask=mask)
+        if WRITE_KV:
+            slot = tl.load(SLOTS + tok)
+            if slot >= 0:
+                row = slot.to(tl.int64) * (NUM_KV * HEAD_DIM)
+                ct = K_CACHE.dtype.element_ty
+                is_k = (heads >= NUM_Q) & (heads < n_heads)
+                kdst = K_CACHE + row + (heads[:, None] - NUM_Q) * HEAD_DIM + offs[None, :]
+                tl.store(kdst, r1.to(ct), mask=is_k[:, None])
+                tl.store(kdst + HALF, r2.to(ct), mask=is_k[:, None])
+                vh = tl.arange(0, KV_HEADS)
+                vmask = (vh < NUM_KV)[:, None]
+                vsrc = QKV + tok * stride_tok + (NUM_Q + NUM_KV + vh[:, None]) * HEAD_DIM + offs[None, :]
+                vdst = V_CACHE + row + vh[:, None] * HEAD_DIM + offs[None, :]
+                tl.store(vdst, tl.load(vsrc, mask=vmask).to(ct), mask=vmask)
+                tl.store(vdst + HALF, tl.load(vsrc + HALF, mask=vmask).to(ct), mask=vmask)
 
     @triton.jit
     def _silu_mul_kernel(GU, OUT, stride_gu, stride_out, n_cols, BLOCK: tl.constexpr, ACCURATE_EXP: tl.constexpr):
@@ -141,28 +161,37 @@ def rope_warps(heads: int, head_dim: int) -> int:
 
 
 def rope_qk_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_q_heads: int, num_kv_heads: int,
-             head_dim: int, use_triton: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             head_dim: int, use_triton: bool | None = None,
+             kv_store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
     """Rotate the q and k parts of the fused projection ``qkv [N, (nq + 2 nkv) d]`` in place.
 
-    Returns views ``q [N, nq, d]``, ``k [N, nkv, d]``, ``v [N, nkv, d]``.
+    Returns views ``q [N, nq, d]``, ``k [N, nkv, d]``, ``v [N, nkv, d]`` and whether the kernel also
+    stored k and v into ``kv_store = (k_cache_layer, v_cache_layer, slot_mapping)`` — the flat-slot
+    ``write_kv`` of the Torch / Triton / FlashAttention backends (``k[layer].view(-1, nkv * d)[slot]
+    = k_row``, slot < 0 skipped), in the same launch. When it returns False the caller writes the KV.
     """
     n = qkv.shape[0]
     qd, kd = num_q_heads * head_dim, num_kv_heads * head_dim
     if use_triton is None:
         use_triton = triton_usable(qkv)
+    stored = False
     if use_triton and n and qkv.stride(-1) == 1 and (head_dim & (head_dim - 1)) == 0:
         heads = num_q_heads + num_kv_heads
+        write = kv_store is not None and all(t.is_contiguous() for t in kv_store[:2])
+        k_cache, v_cache, slots = kv_store if write else (qkv, qkv, qkv)
         _rope_kernel[(n,)](
-            qkv, cos, sin, qkv.stride(0), cos.stride(0), heads,
-            HEAD_DIM=head_dim, HALF=head_dim // 2, HEADS=triton.next_power_of_2(heads),
+            qkv, cos, sin, k_cache, v_cache, slots, qkv.stride(0), cos.stride(0), heads,
+            HEAD_DIM=head_dim, HALF=head_dim // 2, HEADS=triton.next_power_of_2(heads), NUM_Q=num_q_heads,
+            NUM_KV=num_kv_heads, KV_HEADS=triton.next_power_of_2(num_kv_heads), WRITE_KV=write,
             num_warps=rope_warps(heads, head_dim))
+        stored = write
         q = qkv[:, :qd].view(n, num_q_heads, head_dim)
         k = qkv[:, qd:qd + kd].view(n, num_kv_heads, head_dim)
     else:
         q = apply_rope(qkv[:, :qd].reshape(n, num_q_heads, head_dim), cos, sin)
         k = apply_rope(qkv[:, qd:qd + kd].reshape(n, num_kv_heads, head_dim), cos, sin)
     v = qkv[:, qd + kd:].view(n, num_kv_heads, head_dim)
-    return q, k, v
+    return q, k, v, stored
 
 
 def silu_mul(gate_up: torch.Tensor, use_triton: bool | None = None) -> torch.Tensor:
