@@ -12,24 +12,28 @@ from rlt.platform.composition import build_engine
 from rlt.platform.engine.assembly import CompositionError
 from rlt.spec.adaptive import async_steps_per_token, best_k, sync_steps_per_token
 from rlt.spec.feature import SpecOptions, features
-from rlt.spec.rows import CHAIN, row_column
+from rlt.spec.rows import CHAIN, PLAIN, row_column
 from spec_helpers import drain, spec_engine
 
 D = 4
 
 
 class Recorder:
-    """Per step: (request id, position, depth) of every chain row, and the verdicts in order."""
+    """Per step: (request id, position, depth) of every chain row, the verdicts in order, and the
+    positions of decode tokens that plain rows yielded (K shrinks to 0 when one token is left)."""
 
     def __init__(self) -> None:
         self.steps: list[list[tuple[str, int, int]]] = []
         self.verdicts: list[bool] = []
+        self.plain: list[int] = []
 
     def on_step(self, batch, result) -> None:
         role = row_column(batch.rows, "role", 0, np.int8)
         self.steps.append([(r.request.request_id, r.start, r.depth) for r, c in zip(batch.rows, role) if c == CHAIN])
         for i in np.nonzero((role == CHAIN) & (result.num_tokens > 0))[0]:
             self.verdicts.append(bool(result.accepted[i]))
+        self.plain += [batch.rows[i].start for i in np.nonzero((role == PLAIN) & (result.num_tokens > 0))[0]
+                       if not batch.rows[i].in_prompt]
 
 
 def chain_schedule_steps(verdicts: list[bool], tokens: int, k: int, d: int) -> int:
@@ -65,9 +69,13 @@ def test_steps_follow_the_chain_schedule(spec_checkpoints, k, d):
     outs = drain(engine, [("r", [5, 17, 42], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True,
                                                             speculation={"num_tokens": k, "draft_loops": d}))])
     assert len(outs["r"].token_ids) == n
-    assert len(rec.verdicts) == n - 1  # every decode token came from a chain row
+    # every decode token came from a chain row, except the last one when a rejection left only it
+    # to come: then K shrinks to 0 and a plain row yields it (the same D steps a chain row would take)
+    assert len(rec.verdicts) + len(rec.plain) == n - 1 and len(rec.plain) <= 1
+    assert not rec.plain or (rec.plain[0] == 3 + n - 2 and not rec.verdicts[-1])  # the last token's row
     # the prompt runs D steps and yields the first token; every later one comes from the chain
-    assert len(rec.steps) == D + chain_schedule_steps(rec.verdicts, n - 1, k, d)
+    # (the replay ignores the last token's verdict: a plain last token counts as any)
+    assert len(rec.steps) == D + chain_schedule_steps(rec.verdicts + [True] * len(rec.plain), n - 1, k, d)
     assert any(rec.verdicts) and len(rec.steps) < D * n  # drafts were accepted: fewer steps than plain
 
 
