@@ -26,11 +26,15 @@ def _check(out):
         assert np.array_equal(got, a), name
 
 
-def test_pack_words_puts_8_byte_arrays_first_and_aligned():
+def test_pack_words_puts_8_byte_arrays_first_and_every_array_16_byte_aligned():
     packed, layout = pack_words(ARRAYS)
     offsets = {n: off for n, (off, _) in layout.items()}
-    assert all(offsets[n] % 2 == 0 for n, a in ARRAYS.items() if a.dtype.itemsize == 8)
-    assert packed.dtype == np.int32 and packed.size == sum(a.nbytes for a in ARRAYS.values()) // 4
+    assert all(off % 4 == 0 for off in offsets.values())  # every array 16-byte aligned (stable kernel specialisation)
+    padded = sum(-(-a.nbytes // 16) * 16 for a in ARRAYS.values()) // 4
+    assert packed.dtype == np.int32 and packed.size == padded
+    assert min(offsets[n] for n, a in ARRAYS.items() if a.dtype.itemsize == 8) == 0
+    assert max(offsets[n] for n, a in ARRAYS.items() if a.dtype.itemsize == 8 and a.size) < min(
+        offsets[n] for n, a in ARRAYS.items() if a.dtype.itemsize == 4)
 
 
 def test_copy_path_round_trips():

@@ -48,8 +48,16 @@ class _Bank:
             self.device = torch.empty(size, dtype=torch.int32, device=device)
 
 
+#: 16 bytes: where every staged array starts
+_ALIGN_WORDS = 4
+
+
 def pack_words(arrays: Mapping[str, np.ndarray]) -> tuple[np.ndarray, dict[str, tuple[int, np.ndarray]]]:
-    """All arrays as one int32 word vector (8-byte arrays first) and each array's word offset."""
+    """All arrays as one int32 word vector (8-byte arrays first) and each array's word offset.
+
+    Every array starts on a 16-byte boundary (4 words), as in the base uploader
+    (``rlt.platform.engine.staging``): Triton specialises kernels on pointer alignment, so views
+    whose alignment followed the step's sizes could compile kernel variants mid-serving."""
     order = sorted(arrays, key=lambda n: -arrays[n].dtype.itemsize)
     layout: dict[str, tuple[int, np.ndarray]] = {}
     pieces, offset = [], 0
@@ -59,8 +67,9 @@ def pack_words(arrays: Mapping[str, np.ndarray]) -> tuple[np.ndarray, dict[str, 
             raise TypeError(f"prefill_uva stages 4- and 8-byte arrays; {name!r} is {a.dtype}")
         words = a.reshape(-1).view(np.int32)
         layout[name] = (offset, a)
-        pieces.append(words)
-        offset += words.size
+        padded = -(-words.size // _ALIGN_WORDS) * _ALIGN_WORDS
+        pieces.append(words if padded == words.size else np.concatenate([words, np.zeros(padded - words.size, np.int32)]))
+        offset += padded
     packed = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
     return packed, layout
 

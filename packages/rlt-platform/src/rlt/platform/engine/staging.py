@@ -5,8 +5,9 @@ packed into one buffer per group and copied once, then split on the device into 
 extra kernels. Each view starts on a 16-byte boundary (arrays are padded in the pack): Triton
 specialises a kernel on whether each pointer argument is 16-byte aligned, so a view at an
 offset that depends on the step's sizes could flip that and compile a kernel variant
-mid-serving (each compile stalls its step for 0.3-2 s). On CUDA-like devices the packed buffer is pinned and copied asynchronously; a
-buffer is reused only after the event recorded behind its previous copy has completed.
+mid-serving (each compile stalls its step for 0.3-2 s). On CUDA-like devices the packed buffer
+is pinned and copied asynchronously; a buffer is reused only after the event recorded behind
+its previous copy has completed.
 """
 
 from __future__ import annotations
