@@ -73,11 +73,13 @@ def test_half_precision(dtype, heads):
     check(DECODE_ROWS, heads, dtype=dtype, seed=8)
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3, 64])
-@pytest.mark.parametrize("variant", ["elementwise", "grouped"])
-@pytest.mark.parametrize("pre", [False, True], ids=["chained", "pre_resolved"])
+@pytest.mark.parametrize("splits,variant,pre", [
+    *[(s, v, p) for s in (1, 2, 3, 8) for v in ("elementwise", "grouped") for p in (False, True)],
+    (64, "grouped", True),  # MAX_SPLITS, every merge lane live (slow under the interpreter: one case)
+], ids=lambda x: {False: "chained", True: "pre_resolved"}.get(x, x) if isinstance(x, bool) else str(x))
 def test_split_kv_decode(splits, variant, pre):
-    """Every split count is correct, including more splits than key tiles (empty splits)."""
+    """Every split count is correct, including more splits than key tiles (empty splits: the rows
+    have at most 4 tiles of 16 keys, so 8 and 64 splits leave some empty)."""
     check(DECODE_ROWS, "gqa2", num_splits=splits, decode_variant=variant, pre_resolve_decode=pre, seed=splits,
           **SMALL)
 
