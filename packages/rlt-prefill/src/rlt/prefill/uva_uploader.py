@@ -3,11 +3,11 @@
 :class:`StagingUploader` is an :class:`~rlt.platform.engine.interfaces.Uploader`. Every array of
 an upload (all depths' rows of the step: token ids, positions, slot mappings, cumulative lengths,
 every plane's page tables, the row groups) is packed into one pinned host *bank* as 32-bit words
-(8-byte arrays first, so their views stay aligned), then moved in one operation:
+(8-byte arrays first, every array 16-byte aligned), then moved in one operation:
 
-- mapped (the UVA probe passed, ``ctx.uva.enabled``): :func:`stage_words_kernel` reads the
-  pinned bank at its host address and writes the device bank — no copy-engine transfer, one
-  launch;
+- mapped (the UVA probe passed, ``ctx.uva.enabled``): :func:`rlt.platform.uva.mapped_copy_`'s
+  kernel reads the pinned bank at its host address and writes the device bank — no copy-engine
+  transfer, one launch;
 - otherwise: one non-blocking copy of the bank.
 
 Banks are used round robin and grow by powers of two; before a bank is refilled the host waits on
@@ -24,14 +24,8 @@ from typing import Mapping
 import numpy as np
 import torch
 
-_BLOCK = 1024
-
-
-def _kernel():
-    from rlt.prefill.staging_kernel import stage_words_kernel
-
-    return stage_words_kernel
-
+from rlt.platform.engine.staging import ALIGN_BYTES, pack_aligned
+from rlt.platform.uva import mapped_copy_
 
 class _Bank:
     def __init__(self) -> None:
@@ -48,10 +42,6 @@ class _Bank:
             self.device = torch.empty(size, dtype=torch.int32, device=device)
 
 
-#: 16 bytes: where every staged array starts
-_ALIGN_WORDS = 4
-
-
 def pack_words(arrays: Mapping[str, np.ndarray]) -> tuple[np.ndarray, dict[str, tuple[int, np.ndarray]]]:
     """All arrays as one int32 word vector (8-byte arrays first) and each array's word offset.
 
@@ -59,19 +49,14 @@ def pack_words(arrays: Mapping[str, np.ndarray]) -> tuple[np.ndarray, dict[str, 
     (``rlt.platform.engine.staging``): Triton specialises kernels on pointer alignment, so views
     whose alignment followed the step's sizes could compile kernel variants mid-serving."""
     order = sorted(arrays, key=lambda n: -arrays[n].dtype.itemsize)
-    layout: dict[str, tuple[int, np.ndarray]] = {}
-    pieces, offset = [], 0
+    held = []
     for name in order:
         a = np.ascontiguousarray(arrays[name])
         if a.dtype.itemsize not in (4, 8):
             raise TypeError(f"prefill_uva stages 4- and 8-byte arrays; {name!r} is {a.dtype}")
-        words = a.reshape(-1).view(np.int32)
-        layout[name] = (offset, a)
-        padded = -(-words.size // _ALIGN_WORDS) * _ALIGN_WORDS
-        pieces.append(words if padded == words.size else np.concatenate([words, np.zeros(padded - words.size, np.int32)]))
-        offset += padded
-    packed = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
-    return packed, layout
+        held.append(a)
+    packed, starts = pack_aligned([a.reshape(-1).view(np.int32) for a in held], ALIGN_BYTES // 4)
+    return packed, {name: (int(o), a) for name, a, o in zip(order, held, starts)}
 
 
 class StagingUploader:
@@ -97,7 +82,7 @@ class StagingUploader:
         bank.host[:n].copy_(torch.from_numpy(packed))
         dst = bank.device[:n]
         if n and self._use_kernel():
-            _kernel()[(-(-n // _BLOCK),)](bank.host, dst, n, BLOCK=_BLOCK)
+            mapped_copy_(dst, bank.host[:n])
             self.num_mapped += 1
         elif n:
             dst.copy_(bank.host[:n], non_blocking=self._pinned)

@@ -17,7 +17,22 @@ import torch
 
 _GROUPS = {4: (np.int32, torch.int32), 8: (np.int64, torch.int64)}
 #: bytes every array's device view is aligned to
-_ALIGN = 16
+ALIGN_BYTES = 16
+
+
+def pack_aligned(flat: list[np.ndarray], per: int) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate 1-D arrays of one dtype so each starts at a multiple of ``per`` elements
+    (zero padding between them). Returns (the packed array, each array's start; one more entry:
+    the total)."""
+    starts = np.zeros(len(flat) + 1, np.int64)
+    np.cumsum([-(-a.size // per) * per for a in flat], out=starts[1:])
+    if len(flat) == 1:
+        return flat[0], starts
+    dtype = flat[0].dtype if flat else np.int32
+    packed = np.zeros(int(starts[-1]), dtype)
+    for a, o in zip(flat, starts):
+        packed[o:o + a.size] = a
+    return packed, starts
 
 
 class CopyUploader:
@@ -47,15 +62,7 @@ class CopyUploader:
             if not names:
                 continue
             flat = [np.ascontiguousarray(arrays[n]).reshape(-1).view(np_dtype) for n in names]
-            per = _ALIGN // size  # every array starts 16-byte aligned on the device (module docstring)
-            starts = np.zeros(len(flat) + 1, np.int64)
-            np.cumsum([-(-a.size // per) * per for a in flat], out=starts[1:])
-            if len(flat) == 1:
-                packed = flat[0]
-            else:
-                packed = np.zeros(int(starts[-1]), np_dtype)
-                for a, o in zip(flat, starts):
-                    packed[o:o + a.size] = a
+            packed, starts = pack_aligned(flat, ALIGN_BYTES // size)  # 16-byte aligned views (module docstring)
             host = torch.from_numpy(packed)
             if self._pinned:
                 buf = self._host_buffer(size, packed.size)[: packed.size]
