@@ -91,8 +91,9 @@ class StepLog:
 
 
 class CompileLog:
-    """Triton compilations while it is installed (``triton.knobs.runtime.jit_post_compile_hook``):
-    (time, kernel name, its constexprs). A step that compiles stalls every row in it."""
+    """Triton compilations while it is installed (``triton.knobs.runtime.jit_post_compile_hook``;
+    from construction to :meth:`close`, or as a context manager): (time, kernel name, its
+    constexprs). A step that compiles stalls every row in it."""
 
     def __init__(self) -> None:
         self.events: list[tuple[float, str, str]] = []
@@ -113,6 +114,12 @@ class CompileLog:
         if self._knobs is not None:
             self._knobs.jit_post_compile_hook = self._previous
             self._knobs = None
+
+    def __enter__(self) -> "CompileLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def slow_steps(log: StepLog, t0: float, factor: float = 5.0) -> list[dict]:

@@ -16,6 +16,8 @@ import random
 
 import pytest
 
+from benchmarks.prefill_bench import CompileLog
+
 pytestmark = pytest.mark.gpu
 
 
@@ -34,20 +36,6 @@ def _engine(path):
     return plan.build_engine(config)
 
 
-class _Compiles:
-    def __enter__(self):
-        from triton import knobs
-
-        self.events, self._rt = [], knobs.runtime
-        self._previous = self._rt.jit_post_compile_hook
-        self._rt.jit_post_compile_hook = lambda *, fn, compile, **_: self.events.append(
-            (fn.name, {str(k): v for k, v in (compile.get("constants") or {}).items()}))
-        return self
-
-    def __exit__(self, *exc):
-        self._rt.jit_post_compile_hook = self._previous
-
-
 def test_no_triton_compile_after_warm_up(tmp_path):
     from rlt.platform import SamplingParams
     from rlt.platform.checkpoint.tiny import write_tiny_checkpoint
@@ -60,7 +48,7 @@ def test_no_triton_compile_after_warm_up(tmp_path):
     report = warm_up(engine, max_concurrency=24, max_prompt_len=1024, output_len=8)
     assert not report.refused and not report.cut
     rng = random.Random(7)
-    with _Compiles() as seen:
+    with CompileLog() as seen:
         pending = [(rng.choice([2, 5, 33, 47, 130, 333, 700, 1023, 1500, 2900]), rng.random() < 0.5) for _ in range(40)]
         n = steps = 0
         while pending or engine.has_unfinished_requests():
@@ -73,4 +61,5 @@ def test_no_triton_compile_after_warm_up(tmp_path):
             engine.step()
             steps += 1
     assert steps > 100
-    assert seen.events == [], f"{len(seen.events)} Triton compile(s) after the warm-up: {seen.events[:6]}"
+    compiled = [(name, consts) for _, name, consts in seen.events]
+    assert compiled == [], f"{len(compiled)} Triton compile(s) after the warm-up: {compiled[:6]}"
