@@ -3,9 +3,12 @@ buffers and token-level pipeline (graphs where the platform has them) and rlt-pr
 prefill, at their defaults: fp32 greedy output token-identical to the oracle.
 
 Requests arrive while others decode, so lagged plain decode steps (tokens still on the device)
-alternate with speculative steps (eager, synchronous: the pipeline drains before them). Adaptive
-K on random weights (a high ``min_gain``) drops requests to plain decoding (their steps lagged) and
-probes with rounds that start while their last tokens are still in flight.
+alternate with speculative steps. Draft and chain rows are one-token rows: their steps run from
+rlt-decode's static buffers (synchronously: the pipeline drains what is in flight before their
+results are read), with their states at their own state-table entries; verification rows
+(multi-token) run in eager steps. Adaptive K on random weights (a high ``min_gain``) drops requests
+to plain decoding (their steps lagged) and probes with rounds whose first row starts while the
+request's last token is still in flight (embedded from the device token buffer).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ def test_speculation_with_decode_pipeline_is_exact(tiny_checkpoint, tmp_path, ov
     assert comps["executor"] == ["self_spec", "static_buffers"] and comps["step_loop"] == ["pipeline"]
     stats = SpecStats()
     engine.add_observer(stats)
+    in_flight = _InFlightSpecRows()
+    engine.add_observer(in_flight)
     items = _items(3)
     outs = run_with_arrivals(engine, items, 4)  # arrivals while others decode
     ck = load_checkpoint(path, dtype=__import__("torch").float32)
@@ -63,8 +68,72 @@ def test_speculation_with_decode_pipeline_is_exact(tiny_checkpoint, tmp_path, ov
         assert out.error is None
         assert list(out.token_ids) == want, (i, sp.speculation)
         assert list(out.exit_depths) == depths
-    pipe = engine.ctx.parts.executor.describe()["pipeline"]
+    described = engine.ctx.parts.executor.describe()
+    pipe = described["pipeline"]
     assert stats.rounds > 0 and pipe["lagged_steps"] > 0  # both kinds of steps ran
-    assert pipe["synchronous_steps"].get("not a decode-only step", 0) > 0
+    assert described["steps"].get("with_feature_rows", 0) > 0  # speculative rows in static steps
+    if not overlap:  # verification rows: eager steps
+        assert pipe["synchronous_steps"].get("not a decode-only step", 0) > 0
     if scale == 1.0:  # requests fell back to plain (lagged) decoding and probed with tokens in flight
-        assert pipe["drains"].get("non-decode step with tokens in flight", 0) > 0
+        assert in_flight.count > 0
+
+
+class _InFlightSpecRows:
+    """Counts speculative rows that embedded their request's last token from the device."""
+
+    count = 0
+
+    def on_step(self, batch, result) -> None:
+        if type(batch).__name__ == "DecodeBatch":
+            self.count += sum(bool(f) and type(r).__name__ != "Row" for r, f in zip(batch.rows, batch.from_device))
+
+
+PAIRS = [(k, d) for k in range(1, 9) for d in range(1, 4)]  # K x d for D = 4
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlapped"])
+def test_every_k_and_d_through_static_buffers_is_exact(tiny_checkpoint, tmp_path, overlap):
+    """Every K in 1..8 and d in 1..3, mixed with plain requests, on a controlled-acceptance
+    checkpoint (drafts mostly accepted, chains several rows deep): token-identical to the oracle.
+    Overlapped: every step without a prompt row is a static decode step (chain rows of one request
+    at several depths, each at its own state-table entry); synchronous: only verification steps
+    are eager."""
+    path = scale_loop_updates(tiny_checkpoint(seed=1), tmp_path / "ck", 0.03)
+    cfg = EngineConfig(model=str(path), dtype="float32", block_size=4, max_num_seqs=8)
+    engine = build_engine(cfg, features=spec_features() + DECODE, enabled={"self_spec": True, "async_self_spec": overlap},
+                          options={"self_spec": SpecOptions(adaptive=False)})
+    stats = SpecStats()
+    engine.add_observer(stats)
+    kinds = {"prompt": 0, "verify": 0}
+    engine.add_observer(type("Kinds", (), {"on_step": lambda self, b, r: (
+        kinds.__setitem__("prompt", kinds["prompt"] + any(row.in_prompt for row in b.rows)),
+        kinds.__setitem__("verify", kinds["verify"] + (not any(row.in_prompt for row in b.rows) and any(
+            type(row).__name__ == "VerifyRow" for row in b.rows))))})())
+    rng = random.Random(7)
+    items = []
+    for i, (k, d) in enumerate(PAIRS):
+        prompt = [rng.randrange(3, 300) for _ in range(rng.randint(2, 11))]
+        items.append((f"r{i}", prompt, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True,
+                                                      speculation={"num_tokens": k, "draft_loops": d})))
+        if i % 3 == 2:
+            items.append((f"p{i}", prompt[::-1], SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)))
+    for rid, prompt, sp in items:
+        engine.add_request(rid, prompt, sp)
+    outs = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                outs[o.request_id] = o
+    ck = load_checkpoint(path, dtype=__import__("torch").float32)
+    ref = ck.family.build_reference(ck.config, ck.weights)
+    for rid, prompt, sp in items:
+        want, depths = reference_generate(ref, prompt, max_tokens=sp.max_tokens)
+        assert outs[rid].error is None
+        assert list(outs[rid].token_ids) == want, (rid, sp.speculation)
+        assert list(outs[rid].exit_depths) == depths
+    assert stats.rounds > 0 and stats.acceptance > 0.5
+    steps = engine.ctx.parts.executor.describe()["steps"]
+    assert steps.get("with_feature_rows", 0) > 0
+    assert steps.get("eager_other_steps", 0) == kinds["prompt"] + kinds["verify"]
+    if overlap:
+        assert kinds["verify"] == 0

@@ -14,6 +14,12 @@ With the pipeline on, a depth-0 row whose input token is still in flight takes i
 executor's device token buffer (``from_device``), and a step whose exits are all known on the
 host is marked ``lagged``.
 
+Rows of other features take this path when their type says so (``Row.static_decode``: one-token
+decode rows, e.g. rlt-spec's draft and chain rows): each row's state lives at its
+``Row.state_index`` of the executor's state table (several rows of one slot may share a step,
+each with its own entry), a depth-0 row embeds ``token_ids()`` when its input is not the
+request's own token, and such a step is never lagged (its feature reads its results at once).
+
 Owns: the host banks, the device field buffers, the device page-table mirror. Must not: read
 device memory (no host sync) or keep references to rows after ``build`` returns the batch.
 """
@@ -34,7 +40,8 @@ from rlt.platform.uva import mapped_copy_
 #: int64 fields (rows of the int64 block) and int32 fields (rows of the int32 block; threshold as fp32 bits)
 #: ``from_device``: 1 where the row's input token is still on the device (sampled by a step whose
 #: tokens the host has not read yet): the step gathers it from the resident per-slot token buffer
-I64 = ("token", "from_device", "slot", "position", "slot_mapping", "plane0")
+#: ``state``: the row's entry in the executor's state table (``Row.state_index``; the slot for plain rows)
+I64 = ("token", "from_device", "slot", "state", "position", "slot_mapping", "plane0")
 I32 = ("seq_len", "depth", "loop", "min_loops", "max_loops", "threshold")
 
 
@@ -73,6 +80,7 @@ class DecodeFields:
     token: torch.Tensor
     from_device: torch.Tensor
     slot: torch.Tensor
+    state: torch.Tensor
     position: torch.Tensor
     slot_mapping: torch.Tensor
     plane0: torch.Tensor
@@ -93,6 +101,11 @@ class DecodeBatch:
     fixed_exit: np.ndarray  # [R] rows at their max_loops
     adaptive: np.ndarray  # [R] rows that consult the gate
     samples: np.ndarray  # [R] (all True: decode rows produce a token when they exit)
+    depth: np.ndarray  # [R] the loop each row runs (0-based)
+    row_start: np.ndarray  # [R] each row's position
+    from_device: np.ndarray  # [R] the row embeds the token in the device token buffer (in flight)
+    #: rows of other features (a Row subclass) share the step: its results are read at once
+    feature_rows: bool = False
     #: the step's exits are known on the host (no row can exit on the gate this loop) and the
     #: pipeline is on: the executor leaves its tokens on the device and reads them with a lag
     lagged: bool = False
@@ -183,9 +196,11 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 def decode_only(rows: Sequence[Row], max_rows: int) -> bool:
-    """Whether a step of ``rows`` is built as a :class:`DecodeBatch` (plain one-position decode
-    rows only: prompt chunks and rows of other features, a Row subclass, go to the inner builder)."""
-    return 0 < len(rows) <= max_rows and not any(r.in_prompt or type(r) is not Row for r in rows)
+    """Whether a step of ``rows`` is built as a :class:`DecodeBatch`: one-position decode rows
+    only, of types that allow it (``Row.static_decode``); prompt chunks and other rows go to the
+    inner builder."""
+    return 0 < len(rows) <= max_rows and all(
+        not r.in_prompt and r.length == 1 and r.static_decode for r in rows)
 
 
 def exits_known(loop: np.ndarray, min_loops: np.ndarray, max_loops: np.ndarray, adaptive: np.ndarray) -> np.ndarray:
@@ -197,7 +212,7 @@ def exits_known(loop: np.ndarray, min_loops: np.ndarray, max_loops: np.ndarray, 
 class StaticBatchBuilder(Wrapped):
     """Decode-only steps into :class:`StaticDecodeBuffers`; every other step by ``inner``."""
 
-    def __init__(self, inner, *, kv, slots, layout: KVLayout, device: torch.device, max_num_seqs: int,
+    def __init__(self, inner, *, kv, slots, layout: KVLayout, device: torch.device, max_rows: int,
                  max_model_len: int, row_buckets: Sequence[int] | None = None, pipelined: bool = False,
                  mapped: bool = False) -> None:
         super().__init__(inner)
@@ -206,7 +221,8 @@ class StaticBatchBuilder(Wrapped):
         self.kv = kv
         self.slots = slots
         self.layout = layout
-        self.row_buckets = buckets_upto(max_num_seqs, row_buckets)
+        #: up to the most one-token rows a step may hold (the scheduler's ``max_decode_rows``)
+        self.row_buckets = buckets_upto(max_rows, row_buckets)
         self.max_model_len = max_model_len
         t = kv.block_tables
         self.buffers = StaticDecodeBuffers(self.row_buckets[-1], device, num_slots=t.shape[0], planes=t.shape[1],
@@ -216,8 +232,8 @@ class StaticBatchBuilder(Wrapped):
         return next(b for b in self.row_buckets if b >= rows)
 
     def build(self, rows: Sequence[Row]):
-        # only plain decode rows: prompt chunks, and rows of other features (a Row subclass, e.g.
-        # speculative drafts) go to the inner builder
+        # one-position decode rows only: prompt chunks and rows that need other inputs go to the
+        # inner builder
         if not decode_only(rows, self.row_buckets[-1]):
             return self.inner.build(rows)
         n = len(rows)
@@ -225,11 +241,16 @@ class StaticBatchBuilder(Wrapped):
         slots = np.fromiter((r.slot for r in rows), np.int64, n)
         pos = np.fromiter((r.start for r in rows), np.int64, n)
         depth = np.fromiter((r.depth for r in rows), np.int64, n)
+        plain = all(type(r) is Row for r in rows)
+        state = slots if plain else np.fromiter((r.state_index for r in rows), np.int64, n)
         # depth-0 rows embed the token sampled last: the host's copy, or (while the step that
-        # sampled it is in flight) the device's token buffer
-        from_device = np.fromiter((r.depth == 0 and r.request.num_pending > 0 for r in rows), np.int64, n)
-        token = np.fromiter((r.request.output_token_ids[-1] if r.depth == 0 and not r.request.num_pending else 0
-                             for r in rows), np.int64, n)
+        # sampled it is in flight) the device's token buffer; a row whose input is not the
+        # request's own token (a draft) embeds that
+        own = np.ones(n, bool) if plain else np.fromiter((r.own_input() for r in rows), bool, n)
+        from_device = np.fromiter((r.depth == 0 and r.request.num_pending > 0 for r in rows), np.int64, n) & own
+        token = np.fromiter((0 if r.depth else r.token_ids()[0] if not o else
+                             0 if r.request.num_pending else r.request.output_token_ids[-1]
+                             for r, o in zip(rows, own)), np.int64, n)
         bs = self.kv.block_size
         tables = self.kv.block_tables
         plane = np.zeros_like(depth) if self.layout is KVLayout.SHARED else depth
@@ -243,7 +264,7 @@ class StaticBatchBuilder(Wrapped):
         min_loops = t.min_loops[slots].astype(np.int64)
         threshold = row_thresholds(t.threshold[slots], adaptive).view(np.int32)
         pad = np.concatenate([np.arange(n), np.zeros(bucket - n, np.int64)])  # padded rows repeat row 0
-        i64 = np.stack([token, from_device, slots, pos, slot_mapping, plane0])[:, pad]
+        i64 = np.stack([token, from_device, slots, state, pos, slot_mapping, plane0])[:, pad]
         i32 = np.stack([pos + 1, depth, loop, min_loops, max_loops,
                         threshold.astype(np.int64)]).astype(np.int64)[:, pad].astype(np.int32)
         self.buffers.sync_tables(tables, slots)
@@ -251,4 +272,6 @@ class StaticBatchBuilder(Wrapped):
         context = context_bucket(int(pos.max()) + 1, self.max_model_len)
         return DecodeBatch(rows=tuple(rows), slots=slots, bucket=bucket, context=context,
                            fixed_exit=loop >= max_loops, adaptive=adaptive, samples=np.ones(n, bool),
-                           lagged=self.pipelined and bool(exits_known(loop, min_loops, max_loops, adaptive).all()))
+                           depth=depth, row_start=pos, from_device=from_device.astype(bool), feature_rows=not plain,
+                           lagged=self.pipelined and plain and bool(exits_known(loop, min_loops, max_loops,
+                                                                                 adaptive).all()))

@@ -33,7 +33,7 @@ import torch
 from rlt.attention import AttentionMetadata, KVLayout
 from rlt.decode.batch import DecodeBatch, to_device
 from rlt.decode.readback import LaggedStep, PipelineStats, PinnedRing
-from rlt.platform.engine.executor import CompletedStep, sample_exited
+from rlt.platform.engine.executor import CompletedStep
 from rlt.platform.engine.exit_policy import OuroGateExit
 from rlt.platform.engine.interfaces import StepResult, Wrapped
 
@@ -44,9 +44,12 @@ class StaticDecodeExecutor(Wrapped):
     def __init__(self, inner, *, ctx, buffers, row_buckets, use_graphs: bool, max_graphs: int = 64,
                  graph_memory_mib: float | None = None, graphs_off_reason: str = "", ring_size: int = 4) -> None:
         super().__init__(inner)
-        if not hasattr(inner, "hidden") or not hasattr(inner, "remaining"):
-            raise TypeError("static_buffers wraps an executor that keeps per-slot `hidden` and `remaining` "
-                            f"state (the base EagerExecutor); got {type(inner).__name__}")
+        missing = [m for m in ("state_table", "remaining", "finish_decode") if not hasattr(inner, m)]
+        if missing:
+            raise TypeError(f"static_buffers wraps an executor with {', '.join(missing)} (the platform's Executor "
+                            f"protocol, static decode path); {type(inner).__name__} lacks them")
+        #: the inner executor's state table: per-slot states first, then any feature's own entries
+        self.states = inner.state_table
         self.model = ctx.model
         self.kv = ctx.cache
         self.attention = ctx.attention
@@ -91,11 +94,11 @@ class StaticDecodeExecutor(Wrapped):
         if self.kv.layout is KVLayout.LAST_EXITED:
             self.kv.stamp_depth(f.plane0, f.depth)
         meta = self.attention.prepare(self.kv, meta)
-        hidden, remaining = self.inner.hidden, self.inner.remaining
+        states, remaining = self.states, self.inner.remaining
         token = torch.where(f.from_device != 0, self.tokens.index_select(0, f.slot), f.token)
-        x = torch.where((f.depth == 0)[:, None], self.model.prelude(token), hidden.index_select(0, f.slot))
+        x = torch.where((f.depth == 0)[:, None], self.model.prelude(token), states.index_select(0, f.state))
         h = self.model.recurrent(x, self.model.rotary(f.position), self.kv, self.attention, meta)
-        hidden.index_copy_(0, f.slot, h)
+        states.index_copy_(0, f.state, h)
         carried = torch.where(f.loop == 1, 1.0, remaining.index_select(0, f.slot))
         exited, carried = self.exit_policy.decide(self.model.exit_logit(h), carried, f.loop, f.min_loops,
                                                   f.max_loops, f.threshold)
@@ -151,7 +154,7 @@ class StaticDecodeExecutor(Wrapped):
                 if not self.use_graphs or len(self._graphs) >= self.max_graphs:
                     break
                 f = self.buffers.fields(bucket)
-                for t in (f.token, f.from_device, f.slot, f.position, f.slot_mapping, f.plane0, f.depth):
+                for t in (f.token, f.from_device, f.slot, f.state, f.position, f.slot_mapping, f.plane0, f.depth):
                     t.zero_()
                 for t in (f.seq_len, f.loop, f.min_loops, f.max_loops):
                     t.fill_(1)
@@ -185,12 +188,14 @@ class StaticDecodeExecutor(Wrapped):
             return handle
         n = batch.num_rows
         h, exited_dev = self._run(batch)
+        if batch.feature_rows:
+            self.stats["with_feature_rows"] += 1
         if batch.lagged:
             return self._lagged_tail(batch, h)
         gate = bool(batch.adaptive.any())
         exited = exited_dev[:n].cpu().numpy() if gate else batch.fixed_exit.copy()
-        result = sample_exited(self.model, self.sampler, h[:n], exited, batch.samples, batch.slots)
-        if len(result.token_ids):
+        result = self.inner.finish_decode(batch, h[:n], exited)
+        if len(result.token_ids):  # one-token rows yield at most one token each
             self.tokens.index_copy_(0, to_device(batch.slots[result.num_tokens > 0], self.device),
                                     to_device(result.token_ids, self.device))
         self.pipeline.sync_step(int(gate) + int(bool(len(result.token_ids))))

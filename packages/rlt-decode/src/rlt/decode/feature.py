@@ -76,7 +76,8 @@ def _install_static(builder, options: StaticBufferOptions) -> None:
     def batch_builder(ctx, inner):
         state["builder"] = StaticBatchBuilder(
             inner, kv=ctx.parts.kv_manager, slots=ctx.parts.slots, layout=ctx.kv.layout, device=ctx.device,
-            max_num_seqs=ctx.max_num_seqs, max_model_len=ctx.max_model_len, row_buckets=options.row_buckets,
+            max_rows=getattr(ctx.parts.scheduler, "max_decode_rows", ctx.max_num_seqs),
+            max_model_len=ctx.max_model_len, row_buckets=options.row_buckets,
             pipelined="pipeline" in ctx.feature_options, mapped=ctx.uva.enabled and _kernels_run_on(ctx.device))
         return state["builder"]
 

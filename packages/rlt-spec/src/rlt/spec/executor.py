@@ -18,6 +18,12 @@ then
   sampler's ``check``. A request has at most ``R`` chain rows in flight (consecutive positions),
   so their ring entries never collide.
 
+The ring is the tail of one state table (``state_table``: the per-slot states ``hidden``, then the
+rings; a chain row's entry is its ``state_index``, :func:`rlt.spec.rows.ring_entry`), so a static
+decode path (rlt-decode's buffers and graphs) runs draft and chain rows like plain decode rows —
+reading and writing their states by entry — and hands their heads back to :meth:`finish_decode`;
+only steps with verification rows (multi-token) always run here, eagerly.
+
 Rollback is by frontier: nothing is copied; rejected positions' KV and depth stamps are
 overwritten when the next round runs those positions from depth 0.
 """
@@ -28,7 +34,8 @@ import attrs
 import numpy as np
 import torch
 
-from rlt.platform.engine.executor import CompletedStep, EagerExecutor
+from rlt.platform.engine.executor import CompletedStep, EagerExecutor, sample_exited
+from rlt.platform.engine.interfaces import StepResult
 from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, SpecStepResult, row_column
 
 _NEVER_EXIT = 1 << 30
@@ -75,11 +82,15 @@ class SpeculativeExecutor(EagerExecutor):
         self.max_drafts = max_drafts
         #: ring entries per slot: a round's K + 1 positions, or a chain's in-flight positions
         self.ring = max_drafts + 1
-        self.draft_h = torch.zeros(n, self.ring, h, dtype=self.hidden.dtype, device=self.device)
+        #: one state table: the per-slot states, then ``ring`` entries per slot (:func:`ring_entry`), so
+        #: that a static decode path (rlt-decode) addresses a chain row's state like any row's
+        self.state_table = torch.zeros(n * (1 + self.ring), h, dtype=self.hidden.dtype, device=self.device)
+        self.hidden = self.state_table[:n]
+        self.draft_h = self.state_table[n:].view(n, self.ring, h)
         self.draft_q: torch.Tensor | None = None
-        #: this step's chain rows (batch indices, their slots and ring entries on the device), and
+        #: this step's chain rows (batch indices, their state-table entries on the device), and
         #: the per-row states the base step computed (set by :meth:`_keep`)
-        self._chain: tuple[np.ndarray, torch.Tensor, torch.Tensor] | None = None
+        self._chain: tuple[np.ndarray, torch.Tensor] | None = None
         self._spec_step = False
         self._last: torch.Tensor | None = None
 
@@ -101,11 +112,11 @@ class SpeculativeExecutor(EagerExecutor):
     def _inputs(self, b) -> torch.Tensor:
         x = super()._inputs(b)
         if self._chain is not None:  # deeper chain rows continue from their own ring entry
-            rows, slots, ring = self._chain
+            rows, entries = self._chain
             deep = b.depth[rows] > 0
             if deep.any():
                 sel = self._dev(np.nonzero(deep)[0])
-                x[self._dev(b.row_token_start[rows[deep]])] = self.draft_h[slots[sel], ring[sel]]
+                x[self._dev(b.row_token_start[rows[deep]])] = self.state_table[entries[sel]]
         return x
 
     def _keep(self, b, exited, h, last) -> None:
@@ -115,8 +126,8 @@ class SpeculativeExecutor(EagerExecutor):
         if self._spec_step:
             self._last = last
         if self._chain is not None:
-            rows, slots, ring = self._chain
-            self.draft_h[slots, ring] = last[self._dev(rows)]
+            rows, entries = self._chain
+            self.state_table[entries] = last[self._dev(rows)]
 
     @torch.inference_mode()
     def execute(self, b) -> CompletedStep:
@@ -135,7 +146,7 @@ class SpeculativeExecutor(EagerExecutor):
                 self.chunk_hidden[(slot, int(b.row_start[i]))] = self.draft_h[slot, :n]
         self._chain = None
         if len(chain):
-            self._chain = (chain, self._dev(b.slots[chain]), self._dev(b.row_start[chain] % self.ring))
+            self._chain = (chain, self._dev(row_column([b.rows[i] for i in chain], "state_index", 0, np.int64)))
         changes = {"fixed_exit": b.fixed_exit & ~spec, "samples": b.samples & ~spec}
         if b.adaptive.any():  # the gate decides for plain rows only
             spec_dev = torch.from_numpy(spec).to(self.device)
@@ -146,8 +157,26 @@ class SpeculativeExecutor(EagerExecutor):
             last = self._last
         finally:
             self._chain, self._last, self._spec_step = None, None, False
+        return CompletedStep(self._heads(b, base, role, d, last))
 
+    def finish_decode(self, b, last: torch.Tensor, exited: np.ndarray):
+        """After the loop of one-token rows run by a static decode path (rlt-decode): plain rows as
+        the base executor, then draft and chain rows' heads as in :meth:`execute` (their states are
+        already at their state-table entries)."""
+        role = row_column(b.rows, "role", PLAIN, np.int8)
+        spec = role != PLAIN
+        if not spec.any():
+            return super().finish_decode(b, last, exited)
+        base = sample_exited(self.model, self.sampler, last, exited & ~spec, b.samples & ~spec, b.slots)
+        return self._heads(b, base, role, row_column(b.rows, "draft_loops", 0, np.int64), last)
+
+    def _heads(self, b, base: StepResult, role: np.ndarray, d: np.ndarray, last: torch.Tensor) -> SpecStepResult:
+        """The step's result: ``base`` (the plain rows') merged with what the speculative rows
+        yield: drafts of draft rows reaching depth ``d``, verification of verification rows reaching
+        full depth, chain rows' drafts and checks. ``last``: every row's end-of-loop state."""
         loop = b.depth + 1
+        verify = role == VERIFY
+        chain = np.nonzero(role == CHAIN)[0]
         drafted = np.nonzero((role == DRAFT) & (loop >= d))[0]
         verified = np.nonzero(verify & b.fixed_exit)[0]
         exited = base.exited.copy()
@@ -156,7 +185,7 @@ class SpeculativeExecutor(EagerExecutor):
         draft_tokens = np.full(b.num_rows, -1, np.int64)
         accepted = None
         if len(drafted):
-            draft_tokens[drafted] = self._draft(b, drafted)
+            draft_tokens[drafted] = self._draft(b, drafted, last)
         plain_rows = np.nonzero(base.num_tokens)[0]
         parts = [(plain_rows, base.num_tokens[plain_rows])]
         arrays = [(base.token_ids, base.logprobs, base.top_ids, base.top_logprobs)]
@@ -178,9 +207,9 @@ class SpeculativeExecutor(EagerExecutor):
             _merge(total, dests, col, fill, dt)
             for col, fill, dt in zip(zip(*arrays), (-1, np.nan, -1, np.nan), (np.int64, np.float32, np.int64, np.float32))
         )
-        return CompletedStep(SpecStepResult(
+        return SpecStepResult(
             exited, num, ids if ids is not None else np.zeros(0, np.int64), lp, top_ids, top_lp,
-            prompt_logprobs=base.prompt_logprobs, draft_tokens=draft_tokens, accepted=accepted))
+            prompt_logprobs=base.prompt_logprobs, draft_tokens=draft_tokens, accepted=accepted)
 
     def _chain_heads(self, b, chain: np.ndarray, d: np.ndarray, last: torch.Tensor, draft_tokens: np.ndarray):
         """One LM-head call for the chain rows that reached depth ``d`` (their drafts go into
@@ -214,13 +243,13 @@ class SpeculativeExecutor(EagerExecutor):
         ok, v = self.sampler.check(logits[nd:], slots[nd:], offsets[nd:], drafts, q)
         return checking, ok, v
 
-    def _draft(self, b, rows: np.ndarray) -> np.ndarray:
+    def _draft(self, b, rows: np.ndarray, last: torch.Tensor) -> np.ndarray:
         """Keep the depth-d states of draft rows that reached depth d; draw the next drafts."""
         slots = b.slots[rows]
         index = row_column([b.rows[i] for i in rows], "index", 0, np.int64)
         count = row_column([b.rows[i] for i in rows], "num_drafts", 0, np.int64)
         slots_dev = torch.from_numpy(slots).to(self.device)
-        h = self.hidden.index_select(0, slots_dev)  # the base step kept each one-token row's state
+        h = last.index_select(0, self._dev(rows))
         self.draft_h[slots_dev, torch.from_numpy(index).to(self.device)] = h
         out = np.full(len(rows), -1, np.int64)
         need = index < count

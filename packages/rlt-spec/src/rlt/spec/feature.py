@@ -126,7 +126,7 @@ def install(builder, options: SpecOptions) -> None:
         check_context(ctx, options)
         resolved = attrs.evolve(options, step_cost=options.resolved_step_cost(ctx.feature_options))
         return SpeculativeScheduler(inner, options=resolved, kv=ctx.parts.kv_manager, num_loops=ctx.num_loops,
-                                    max_num_batched_tokens=ctx.max_num_batched_tokens,
+                                    max_num_batched_tokens=ctx.max_num_batched_tokens, num_slots=ctx.max_num_seqs,
                                     overlap="async_self_spec" in ctx.feature_options)
 
     builder.wrap("scheduler", scheduler)

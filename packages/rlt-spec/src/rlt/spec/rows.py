@@ -17,6 +17,7 @@ of one step, one per in-flight position, at different depths.
 from __future__ import annotations
 
 from typing import Sequence
+from typing import ClassVar
 
 import attrs
 import numpy as np
@@ -41,9 +42,14 @@ class DraftRow(Row):
     def token_ids(self) -> Sequence[int]:
         return super().token_ids() if self.token < 0 else (self.token,)
 
+    def own_input(self) -> bool:
+        return self.token < 0
+
 
 @attrs.frozen(eq=False)
 class VerifyRow(Row):
+    #: its input at depth d is the drafts' states (the executor's eager step), not a one-token row's
+    static_decode: ClassVar[bool] = False
     role: int = VERIFY
     draft_loops: int = 1
     #: the draft tokens the row checks: drafts[i] is the token after position start + i
@@ -58,9 +64,26 @@ class ChainRow(Row):
     token: int = -1
     #: the draft this row made for the next position at depth ``draft_loops`` (-1: not yet)
     draft: int = -1
+    #: its entry in the executor's state table (:func:`ring_entry`)
+    state: int = 0
 
     def token_ids(self) -> Sequence[int]:
         return super().token_ids() if self.token < 0 else (self.token,)
+
+    def own_input(self) -> bool:
+        return self.token < 0
+
+    @property
+    def state_index(self) -> int:
+        return self.state
+
+
+def ring_entry(num_slots: int, ring: int, slot: int, position: int) -> int:
+    """The state-table entry of the in-flight row of ``slot`` at ``position``: past the
+    ``num_slots`` per-slot states, ``ring`` entries per slot (the executor's ``draft_h[slot,
+    position % ring]``). In-flight rows of one request hold consecutive positions, at most
+    ``ring`` of them, so their entries never collide."""
+    return num_slots + slot * ring + position % ring
 
 
 def row_column(rows: Sequence[Row], name: str, default, dtype) -> np.ndarray:

@@ -46,7 +46,7 @@ from rlt.platform.engine.interfaces import Row, StepPlan, StepResult, Wrapped
 from rlt.platform.engine.request import Request
 from rlt.platform.errors import InvalidRequestError
 from rlt.spec.adaptive import AcceptanceTracker
-from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, ChainRow, DraftRow, VerifyRow, row_column
+from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, ChainRow, DraftRow, VerifyRow, ring_entry, row_column
 
 
 @attrs.define(eq=False)
@@ -65,9 +65,12 @@ class Chain:
 class SpeculativeScheduler(Wrapped):
     accepts_speculation = True
 
-    def __init__(self, inner, *, options, kv, num_loops: int, max_num_batched_tokens: int,
+    def __init__(self, inner, *, options, kv, num_loops: int, max_num_batched_tokens: int, num_slots: int,
                  overlap: bool = False) -> None:
         super().__init__(inner)
+        #: chain rows' state-table entries (:func:`ring_entry`): the executor's slots and ring size
+        self.num_slots = num_slots
+        self.ring = options.max_num_tokens + 1
         self.options = options
         self.kv = kv
         self.num_loops = num_loops
@@ -77,6 +80,13 @@ class SpeculativeScheduler(Wrapped):
         self.trackers: "weakref.WeakKeyDictionary[Request, AcceptanceTracker]" = weakref.WeakKeyDictionary()
         self.rounds: "weakref.WeakKeyDictionary[Request, Round]" = weakref.WeakKeyDictionary()
         self.chains: "weakref.WeakKeyDictionary[Request, Chain]" = weakref.WeakKeyDictionary()
+
+    @property
+    def max_decode_rows(self) -> int:
+        """The most one-token rows a step may hold: a chain has at most ``ring`` rows in flight and
+        at most one per loop (rows start at least one loop apart), within the step budget."""
+        per_request = min(self.ring, self.num_loops) if self.overlap else 1
+        return max(1, min(self.budget, self.num_slots * per_request))
 
     # -- requests ------------------------------------------------------------------------------
     def resolve(self, request: Request) -> AcceptanceTracker | None:
@@ -178,7 +188,7 @@ class SpeculativeScheduler(Wrapped):
             if req.max_tokens - req.num_produced < 2 or tracker.next_k() <= 0:
                 return [row]
             chain = Chain(row, [ChainRow(req, row.slot, row.start, 1, 0, samples=False, in_prompt=False,
-                                         draft_loops=tracker.draft_loops)])
+                                         draft_loops=tracker.draft_loops, state=self._entry(row.slot, row.start))])
             self.chains[req] = chain
         chain.plain = row
         last = chain.rows[-1]
@@ -186,8 +196,12 @@ class SpeculativeScheduler(Wrapped):
         if (last.draft >= 0 and allowed and n < room and n <= tracker.current_k()
                 and n < req.max_tokens - req.num_produced and self.kv.grow(row.slot, req, last.start + 2)):
             chain.rows.append(ChainRow(req, row.slot, last.start + 1, 1, 0, samples=False, in_prompt=False,
-                                       draft_loops=last.draft_loops, token=last.draft))
+                                       draft_loops=last.draft_loops, token=last.draft,
+                                       state=self._entry(row.slot, last.start + 1)))
         return chain.rows[: max(1, room)]
+
+    def _entry(self, slot: int, position: int) -> int:
+        return ring_entry(self.num_slots, self.ring, slot, position)
 
     def _shrink(self, rows: list[Row], excess: int) -> None:
         """Drop trailing drafts of verification rows entering this step until the rows fit."""

@@ -101,6 +101,8 @@ class EagerExecutor:
         self.exit_policy = exit_policy
         self.exit_latency = exit_policy.decision_latency
         self.hidden = torch.zeros(max_num_seqs, model.shape.hidden_size, dtype=model.dtype, device=device)
+        #: where one-token rows keep their state between loops, by ``Row.state_index`` (here: the slots)
+        self.state_table = self.hidden
         self.remaining = torch.ones(max_num_seqs, dtype=torch.float32, device=device)
         #: hidden states of multi-token chunks between loops, by (slot, first position)
         self.chunk_hidden: dict[tuple[int, int], torch.Tensor] = {}
@@ -123,6 +125,11 @@ class EagerExecutor:
     def _inputs(self, b: StepBatch) -> torch.Tensor:
         depth0 = self.model.prelude(b.embed_token_ids) if b.num_depth0 else None
         return gather_row_state(b, depth0, self.hidden, self.chunk_hidden)
+
+    def finish_decode(self, b, last: torch.Tensor, exited: np.ndarray) -> StepResult:
+        """After the loop of one-token decode rows run by a static decode path: LM head and
+        sampling of the rows that exited (``last``: their end-of-loop states, batch order)."""
+        return sample_exited(self.model, self.sampler, last, exited, b.samples, b.slots)
 
     @torch.inference_mode()
     def execute(self, b: StepBatch) -> CompletedStep:

@@ -25,7 +25,7 @@ The values that travel between components:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
 import attrs
 import numpy as np
@@ -76,8 +76,27 @@ class Row:
     def token_ids(self) -> Sequence[int]:
         """The input tokens of the row's positions (read for depth-0 rows). The request's own tokens
         here; a row subclass whose positions hold tokens the request has not produced (speculative
-        drafts) overrides it."""
+        drafts) overrides it, together with :meth:`own_input`."""
         return self.request.token_ids(self.start, self.end)
+
+    def own_input(self) -> bool:
+        """Whether the row's input tokens are the request's own (False: :meth:`token_ids` supplies
+        tokens the request has not produced). A decode path that keeps sampled tokens on the device
+        embeds an own-input decode row's token from there while the host has not read it yet."""
+        return True
+
+    #: a one-token decode row of this type may run through a static decode path (rlt-decode's
+    #: buffers and graphs): its state between loops lives at :attr:`state_index` of the executor's
+    #: state table, and what follows its loops is the executor's ``finish_decode``. A row subclass
+    #: whose loops need other inputs (a speculative verification row) sets it False.
+    static_decode: ClassVar[bool] = True
+
+    @property
+    def state_index(self) -> int:
+        """The row's entry in the executor's state table (``Executor.state_table``) between loops:
+        its slot. A row subclass with several one-token rows of one slot in flight (rlt-spec's
+        chains) has an entry of its own past the slots."""
+        return self.slot
 
 
 @attrs.frozen(eq=False)
@@ -257,7 +276,9 @@ class SchedulerPolicy(Protocol):
     any state and frees its slot and KV; ``victims`` names running requests to preempt to free
     ``num_blocks`` (none in the base policy, which never overcommits). ``blocked_reason`` says why
     the head of the queue waits. ``supported_exit_latency`` is the largest executor exit latency
-    the policy can schedule with.
+    the policy can schedule with. Optional ``max_decode_rows``: the most one-token decode rows a
+    step may hold (``max_num_seqs`` when absent; a policy that runs several rows of one request in
+    a step, as rlt-spec's chains do, says how many), which a static decode path sizes its buffers by.
     """
 
     blocked_reason: str | None
@@ -320,6 +341,14 @@ class Executor(Protocol):
     step's own result). Optional ``supports_prompt_logprobs = True``: it fills
     ``StepResult.prompt_logprobs`` for the batch's jobs (requests asking for them are refused
     otherwise).
+
+    The static decode path (rlt-decode) runs the loops of one-token decode rows itself and needs
+    two more members of the executor it wraps: ``state_table`` (``[N, hidden]``, whose first
+    ``max_num_seqs`` entries are the per-slot states; a row's state is at ``Row.state_index``) and
+    ``finish_decode(batch, last, exited) -> StepResult`` (what follows the loop for those rows:
+    exit gate already decided in ``exited``, LM head and sampling of the rows that produce a token,
+    or a feature's own heads; ``batch`` has ``rows``, ``slots``, ``depth``, ``row_start``,
+    ``fixed_exit``, ``samples`` per row, ``last`` the rows' end-of-loop states).
     """
 
     exit_latency: int
