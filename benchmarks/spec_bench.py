@@ -8,9 +8,9 @@ output tokens; about 6 minutes on an H200, bounded by ``--cap`` per run and ``--
    with its loop-update norms scaled in memory (:func:`rlt.spec.bench_checkpoint.scale_weights`:
    smaller scale, each loop moves the hidden state less, drafts agree more);
 2. plain baselines (speed does not depend on the scale): the eager build (self_spec installed,
-   rlt-decode off: every step eager, as speculative steps are in every build) and the default
-   build (rlt-decode's static buffers, graphs where the platform has them, and the pipeline:
-   plain decode steps replay graphs);
+   rlt-decode off: every step eager) and the default build (rlt-decode's static buffers, graphs
+   where the platform has them, and the pipeline: decode steps replay graphs — speculative ones
+   too, host-synchronously);
 3. calibration: the per-draft acceptance of overlapped chains at d = 1 and d = 2 for each
    candidate scale (``--scales``, short runs); for each target acceptance (``--targets``, at
    d = 2, in order) the unused candidate closest to it;
@@ -19,7 +19,7 @@ output tokens; about 6 minutes on an H200, bounded by ``--cap`` per run and ``--
    gate, and with the gate off (``max_running`` 0);
 5. C = 1 at each chosen scale (no new scale starts after ``--deadline`` seconds), default build:
    synchronous and overlapped rounds for every K in ``--ks`` and d in ``--ds`` (fixed K), and
-   overlapped adaptive K (K_max = max K, d = 2) with ``step_cost`` 1 and with the measured cost of
+   overlapped adaptive K (K_max = max K, d = 2) with the default ``step_cost`` and with the measured cost of
    a speculative step in default-build plain steps (``adaptive@<cost>``). Each run reports decode tokens/s (TTFT
    excluded), its speedup over both plain baselines, the measured per-draft acceptance, steps
    per token (measured, and the cost model's at the measured acceptance: docs/spec.md) and ms
@@ -270,18 +270,18 @@ def main(argv=None) -> dict:
                     record(scale, "async" if overlap else "sync", k, d,
                            bench.run(engine, 1, args.out, {"num_tokens": k, "draft_loops": d}))
             engine = None  # dropped before the next build (which collects it)
-        # adaptive K as shipped (step_cost 1), and with step_cost = the ratio just measured against
-        # the default build's plain steps (what --self-spec-step-cost is for)
+        # adaptive K as shipped (the composition's default step_cost), and with step_cost = the ratio
+        # just measured against the default build's plain steps (what --self-spec-step-cost is for)
         spec_ms = sorted(r["ms_per_step"] for r in res["c1"] if r["scale"] == scale)
         measured = spec_ms[len(spec_ms) // 2] / res["baselines"].get("plain_default", res["baselines"]["plain_eager"])[
             "ms_per_step"]
         measured = max(round(measured, 2), 0.01)
-        for mode, cost in (("adaptive", 1.0), (f"adaptive@{measured}", measured)):
+        for mode, cost in (("adaptive", None), (f"adaptive@{measured}", measured)):
             engine = bench.engine(scale, overlap=True, adaptive=True,
                                   options={"num_tokens": max(ks), "draft_loops": ref_d, "step_cost": cost})
             bench.warm(engine, 1, None)
             r = bench.run(engine, 1, args.out, None)
-            r["step_cost"] = cost
+            r["step_cost"] = cost if cost is not None else "default"
             record(scale, mode, max(ks), ref_d, r)
             engine = None  # dropped before the next build (which collects it)
 

@@ -1,8 +1,8 @@
 """GPU: self-speculation (rlt-spec), synchronous and overlapped rounds, with the Triton backend —
 fp32 greedy token-identical to plain decoding for every K in 1..8 and d in 1..3, mixed with plain
-requests, in the eager build and composed with rlt-decode (static buffers, CUDA graphs for plain
-decode steps, pipeline); bf16 greedy agreement on a controlled-acceptance checkpoint reported with
-the first-token logprob gap of disagreements."""
+requests, in the eager build and composed with rlt-decode (static buffers, CUDA graphs — replayed
+for speculative steps too —, pipeline); bf16 greedy agreement on a controlled-acceptance checkpoint
+reported with the first-token logprob gap of disagreements."""
 
 from __future__ import annotations
 
@@ -68,10 +68,14 @@ def test_spec_fp32_greedy_exact_on_gpu(tiny_checkpoint, tmp_path, scale, overlap
     got = _run(engine, reqs)
     for rid, _, _ in reqs:
         assert list(got[rid].token_ids) == list(want[rid].token_ids), rid
+    if decode:  # speculative rows ran in static decode steps, which replayed graphs
+        steps = engine.ctx.parts.executor.describe()["steps"]
+        assert steps.get("with_feature_rows", 0) > 0 and steps.get("graph_replays", 0) > 0, steps
 
 
+@pytest.mark.parametrize("decode", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlapped"])
-def test_spec_bf16_agreement_report(tmp_path, overlap):
+def test_spec_bf16_agreement_report(tmp_path, overlap, decode):
     from rlt.platform.checkpoint.tiny import write_tiny_checkpoint
 
     src = write_tiny_checkpoint(tmp_path / "src", seed=7, hidden_size=256, intermediate_size=512,
@@ -79,7 +83,7 @@ def test_spec_bf16_agreement_report(tmp_path, overlap):
     path = scale_loop_updates(src, tmp_path / "ck", 0.03)
     reqs = _reqs(4, [(4, 2)] * 32, max_tokens=32, logprobs=0)
     want = _run(_engine(path, False, "bfloat16"), reqs)
-    got = _run(_engine(path, True, "bfloat16", overlap), reqs)
+    got = _run(_engine(path, True, "bfloat16", overlap, decode), reqs)
     equal, gaps = 0, []
     for rid, _, _ in reqs:
         a, b = list(got[rid].token_ids), list(want[rid].token_ids)
@@ -89,7 +93,8 @@ def test_spec_bf16_agreement_report(tmp_path, overlap):
         k = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
         # the plain run's logprob of its token vs the speculative run's token at the first divergence
         gaps.append((rid, k, float(want[rid].logprobs[k].logprob) - float(got[rid].logprobs[k].logprob)))
-    print(f"\nbf16 greedy agreement ({'overlapped' if overlap else 'sync'} spec K=4 d=2 vs plain): "
+    print(f"\nbf16 greedy agreement ({'overlapped' if overlap else 'sync'} spec K=4 d=2, "
+          f"{'graphs' if decode else 'eager'}, vs plain): "
           f"{equal}/{len(reqs)}; first divergences "
           f"(request, position, logprob gap): {gaps}")
     assert equal >= len(reqs) // 2, gaps  # bf16 rounding may flip near-ties, not most requests

@@ -96,7 +96,7 @@ def test_feature_table(spec_checkpoints):
     engine = spec_engine(spec_checkpoints[0])
     table = {f.name: f for f in engine.features}
     assert table["self_spec"].enabled and table["self_spec"].available
-    assert "run eagerly and synchronously" in table["self_spec"].reason
+    assert "host-synchronous" in table["self_spec"].reason
     assert table["async_self_spec"].available and not table["async_self_spec"].enabled
     assert engine.assembly.describe()["executor"] == ["self_spec"]
     table = {f.name: f for f in spec_engine(spec_checkpoints[0], overlap=True).features}
@@ -105,12 +105,15 @@ def test_feature_table(spec_checkpoints):
 
 def test_step_cost_default_follows_the_composition():
     """Unset, a speculative step costs GRAPH_STEP_COST plain steps where rlt-decode's graphs are on
-    (speculative steps run eagerly there), 1 otherwise; a given value always wins."""
+    (plain steps pipelined, speculative ones host-synchronous), 1 otherwise; a given value always wins."""
     from rlt.spec.adaptive import best_k
     from rlt.spec.feature import GRAPH_STEP_COST
 
     assert SpecOptions().resolved_step_cost({"self_spec", "static_buffers"}) == 1.0
     assert SpecOptions().resolved_step_cost({"self_spec", "graphs"}) == GRAPH_STEP_COST
     assert SpecOptions(step_cost=2.0).resolved_step_cost({"graphs"}) == 2.0
-    # at the graph default no K pays even at full acceptance (Ouro's 4 loops, d = 1 or 2)
-    assert best_k(1.0, 8, 1, 4, 0.05, overlap=True, step_cost=GRAPH_STEP_COST) == 0
+    # at the graph default overlapped d = 1 pays at high acceptance and not at low (Ouro's 4 loops)
+    assert best_k(0.95, 8, 1, 4, 0.05, overlap=True, step_cost=GRAPH_STEP_COST) > 0
+    assert best_k(0.2, 8, 1, 4, 0.05, overlap=True, step_cost=GRAPH_STEP_COST) == 0
+    # at the cost eager speculative steps had (12 plain steps) no K pays even at full acceptance
+    assert best_k(1.0, 8, 1, 4, 0.05, overlap=True, step_cost=12.0) == 0

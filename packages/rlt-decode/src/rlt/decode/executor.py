@@ -195,9 +195,10 @@ class StaticDecodeExecutor(Wrapped):
         gate = bool(batch.adaptive.any())
         exited = exited_dev[:n].cpu().numpy() if gate else batch.fixed_exit.copy()
         result = self.inner.finish_decode(batch, h[:n], exited)
-        if len(result.token_ids):  # one-token rows yield at most one token each
-            self.tokens.index_copy_(0, to_device(batch.slots[result.num_tokens > 0], self.device),
-                                    to_device(result.token_ids, self.device))
+        if len(result.token_ids):  # each row's last token (a verification row may yield several)
+            produced = result.num_tokens > 0
+            self.tokens.index_copy_(0, to_device(batch.slots[produced], self.device),
+                                    to_device(result.token_ids[result.token_offsets[1:][produced] - 1], self.device))
         self.pipeline.sync_step(int(gate) + int(bool(len(result.token_ids))))
         return CompletedStep(result)
 

@@ -1,31 +1,28 @@
 """The speculative executor: the eager executor plus the device state of speculation rounds.
 
-Owns, per slot, a ring of ``R = max_drafts + 1`` hidden states (``draft_h``) and, for random rows,
-of draft distributions ``q`` (``draft_q``, allocated on first use). Plain rows run exactly as in
-:class:`EagerExecutor` (the same step: one call of the recurrent core for every row). Speculative
-rows run in that same call; the base step is told not to exit or sample them, and this executor
-then
+Every speculative row is a one-token row whose state between loops lives at its own entry of one
+state table (``state_table``: the per-slot states ``hidden``, then a ring of ``R = max_drafts + 1``
+entries per slot, ``draft_h``; :func:`rlt.spec.rows.ring_entry`, by position). So draft, verification
+and chain rows of one request share steps at different positions and depths, and a static decode
+path (rlt-decode's buffers and graphs) runs them like plain decode rows — reading and writing their
+states by entry — and hands their heads back to :meth:`finish_decode`. This executor runs the
+other steps (those with prompt rows) eagerly: plain rows exactly as :class:`EagerExecutor` (the
+same call of the recurrent core for every row), speculative rows from and into their entries
+(:meth:`_inputs` / :meth:`_keep`); the base step is told not to exit or sample them. After the
+loop (:meth:`_heads`, both paths):
 
-- synchronous rounds: stores the depth-``d`` hidden state of each draft row that reached depth
-  ``d`` at ``draft_h[slot, index]`` and draws the next draft from its logits (one LM-head call for
-  all of them); gives a verification row entering at depth ``d`` the drafts' hidden states as its
-  input; verifies every verification row that reached full depth (one LM-head call over all their
+- synchronous rounds: a draft row reaching depth ``d`` draws the next draft from its logits (one
+  LM-head call for all of them; for random rows its distribution ``q`` goes into ``draft_q``, by
+  ring position); the round's verification rows, which entered at depth ``d`` from the drafts'
+  states, are verified together when they reach full depth (one LM-head call over every round's
   positions), through the sampler's ``verify``;
-- overlapped rounds (chain rows, several one-token rows of one slot in a step): keeps each chain
-  row's state between loops at ``draft_h[slot, position % R]`` instead of the slot's single state
-  (:meth:`_inputs` / :meth:`_keep`); draws a draft from each chain row reaching depth ``d`` and
-  checks the draft of each chain row reaching full depth (one LM-head call for both), through the
-  sampler's ``check``. A request has at most ``R`` chain rows in flight (consecutive positions),
-  so their ring entries never collide.
+- overlapped rounds (chain rows): draws a draft from each chain row reaching depth ``d`` and checks
+  the draft of each chain row reaching full depth (one LM-head call for both), through the
+  sampler's ``check``.
 
-The ring is the tail of one state table (``state_table``: the per-slot states ``hidden``, then the
-rings; a chain row's entry is its ``state_index``, :func:`rlt.spec.rows.ring_entry`), so a static
-decode path (rlt-decode's buffers and graphs) runs draft and chain rows like plain decode rows —
-reading and writing their states by entry — and hands their heads back to :meth:`finish_decode`;
-only steps with verification rows (multi-token) always run here, eagerly.
-
-Rollback is by frontier: nothing is copied; rejected positions' KV and depth stamps are
-overwritten when the next round runs those positions from depth 0.
+A request has at most ``R`` speculative rows in flight (consecutive positions), so their ring
+entries never collide. Rollback is by frontier: nothing is copied; rejected positions' KV and depth
+stamps are overwritten when the next round runs those positions from depth 0.
 """
 
 from __future__ import annotations
@@ -88,10 +85,9 @@ class SpeculativeExecutor(EagerExecutor):
         self.hidden = self.state_table[:n]
         self.draft_h = self.state_table[n:].view(n, self.ring, h)
         self.draft_q: torch.Tensor | None = None
-        #: this step's chain rows (batch indices, their state-table entries on the device), and
-        #: the per-row states the base step computed (set by :meth:`_keep`)
-        self._chain: tuple[np.ndarray, torch.Tensor] | None = None
-        self._spec_step = False
+        #: this (eager) step's speculative rows (batch indices, their state-table entries on the
+        #: device), and the per-row states the base step computed (set by :meth:`_keep`)
+        self._spec: tuple[np.ndarray, torch.Tensor] | None = None
         self._last: torch.Tensor | None = None
 
     @classmethod
@@ -111,8 +107,8 @@ class SpeculativeExecutor(EagerExecutor):
 
     def _inputs(self, b) -> torch.Tensor:
         x = super()._inputs(b)
-        if self._chain is not None:  # deeper chain rows continue from their own ring entry
-            rows, entries = self._chain
+        if self._spec is not None:  # deeper speculative rows continue from their own entries
+            rows, entries = self._spec
             deep = b.depth[rows] > 0
             if deep.any():
                 sel = self._dev(np.nonzero(deep)[0])
@@ -120,13 +116,12 @@ class SpeculativeExecutor(EagerExecutor):
         return x
 
     def _keep(self, b, exited, h, last) -> None:
-        # chain rows also pass through the slot-state table here (several per slot: the last one
-        # written wins); that entry is never read for them, and a plain row of the slot starts at depth 0
+        # speculative rows also pass through the slot-state table here (several per slot: the last
+        # one written wins); that entry is never read for them, and a plain row of the slot starts at depth 0
         super()._keep(b, exited, h, last)
-        if self._spec_step:
+        if self._spec is not None:
+            rows, entries = self._spec
             self._last = last
-        if self._chain is not None:
-            rows, entries = self._chain
             self.state_table[entries] = last[self._dev(rows)]
 
     @torch.inference_mode()
@@ -135,29 +130,18 @@ class SpeculativeExecutor(EagerExecutor):
         spec = role != PLAIN
         if not spec.any():
             return super().execute(b)
-        d = row_column(b.rows, "draft_loops", 0, np.int64)
-        verify = role == VERIFY
-        chain = np.nonzero(role == CHAIN)[0]
-        for i in np.nonzero(verify & (b.depth == d))[0]:  # entering: the drafts' depth-d states
-            slot, n = int(b.slots[i]), int(b.row_len[i])
-            if n == 1:  # a one-token row (the round shrank to no drafts) reads the slot's state
-                self.hidden[slot] = self.draft_h[slot, 0]
-            else:
-                self.chunk_hidden[(slot, int(b.row_start[i]))] = self.draft_h[slot, :n]
-        self._chain = None
-        if len(chain):
-            self._chain = (chain, self._dev(row_column([b.rows[i] for i in chain], "state_index", 0, np.int64)))
+        rows = np.nonzero(spec)[0]
+        self._spec = (rows, self._dev(row_column([b.rows[i] for i in rows], "state_index", 0, np.int64)))
         changes = {"fixed_exit": b.fixed_exit & ~spec, "samples": b.samples & ~spec}
         if b.adaptive.any():  # the gate decides for plain rows only
             spec_dev = torch.from_numpy(spec).to(self.device)
             changes["max_loops"] = torch.where(spec_dev, _NEVER_EXIT, b.max_loops)
-        self._spec_step = True
         try:
             base = super().execute(attrs.evolve(b, **changes)).result()
             last = self._last
         finally:
-            self._chain, self._last, self._spec_step = None, None, False
-        return CompletedStep(self._heads(b, base, role, d, last))
+            self._spec, self._last = None, None
+        return CompletedStep(self._heads(b, base, role, row_column(b.rows, "draft_loops", 0, np.int64), last))
 
     def finish_decode(self, b, last: torch.Tensor, exited: np.ndarray):
         """After the loop of one-token rows run by a static decode path (rlt-decode): plain rows as
@@ -190,8 +174,8 @@ class SpeculativeExecutor(EagerExecutor):
         parts = [(plain_rows, base.num_tokens[plain_rows])]
         arrays = [(base.token_ids, base.logprobs, base.top_ids, base.top_logprobs)]
         if len(verified):
-            v = self._verify(b, verified)
-            parts.append((verified, v.num_tokens))
+            heads, v = self._verify(b, verified, last)
+            parts.append((heads, v.num_tokens))
             arrays.append((v.token_ids, v.logprobs, v.top_ids, v.top_logprobs))
         if len(chain):
             checked, ok, v = self._chain_heads(b, chain, d, last, draft_tokens)
@@ -244,44 +228,41 @@ class SpeculativeExecutor(EagerExecutor):
         return checking, ok, v
 
     def _draft(self, b, rows: np.ndarray, last: torch.Tensor) -> np.ndarray:
-        """Keep the depth-d states of draft rows that reached depth d; draw the next drafts."""
-        slots = b.slots[rows]
+        """The next drafts of draft rows that reached depth d (-1 for a round's last position);
+        ``q`` into the ring at the drafting position for random rows."""
         index = row_column([b.rows[i] for i in rows], "index", 0, np.int64)
         count = row_column([b.rows[i] for i in rows], "num_drafts", 0, np.int64)
-        slots_dev = torch.from_numpy(slots).to(self.device)
-        h = last.index_select(0, self._dev(rows))
-        self.draft_h[slots_dev, torch.from_numpy(index).to(self.device)] = h
         out = np.full(len(rows), -1, np.int64)
-        need = index < count
-        if not need.any():
+        sel = np.nonzero(index < count)[0]
+        if not len(sel):
             return out
-        sel = np.nonzero(need)[0]
-        logits = self.model.coda(h[torch.from_numpy(sel).to(self.device)] if not need.all() else h)
-        tokens, q = self.sampler.draft(logits, slots[sel], index[sel])
+        drafting = rows[sel]
+        tokens, q = self.sampler.draft(self.model.coda(last.index_select(0, self._dev(drafting))),
+                                       b.slots[drafting], index[sel])
         if q is not None:
-            self._q_buffer()[slots_dev[sel], torch.from_numpy(index[sel]).to(self.device)] = q
+            self._q_buffer()[self._dev(b.slots[drafting]), self._dev(b.row_start[drafting] % self.ring)] = q
         out[sel] = tokens.cpu().numpy()
         return out
 
-    def _verify(self, b, rows: np.ndarray):
-        lens = b.row_len[rows]
+    def _verify(self, b, rows: np.ndarray, last: torch.Tensor):
+        """Verify the rounds whose verification rows (``rows``: every position of each) reached
+        full depth. Returns (the row of each round's first position, where its tokens are
+        reported; the sampler's outcome per round)."""
+        pick = [b.rows[i] for i in rows]
+        order = sorted(range(len(rows)), key=lambda j: (pick[j].slot, pick[j].index))  # rounds, positions
+        rows = rows[order]
+        pick = [pick[j] for j in order]
         slots = b.slots[rows]
-        # multi-token rows kept their states as chunks, one-token rows in the slot's state
-        h = torch.cat([self.chunk_hidden.pop((int(s), int(p))) if n > 1 else self.hidden[int(s)][None]
-                       for s, p, n in zip(slots, b.row_start[rows], lens)])
-        logits = self.model.coda(h)
-        row_of = np.repeat(np.arange(len(rows)), lens)
-        local = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-        drafts = np.full(len(row_of), -1, np.int64)
-        has = local < np.repeat(lens - 1, lens)
-        drafts[has] = np.fromiter((t for i in rows for t in b.rows[i].drafts[: int(b.row_len[i]) - 1]), np.int64)
-        pos_slots = slots[row_of]
+        index = row_column(pick, "index", 0, np.int64)
+        first = index == 0
+        row_of = np.cumsum(first) - 1
+        drafts = row_column(pick, "draft", -1, np.int64)
         q = None
-        if self.slots_random(pos_slots):
-            q = self._q_buffer()[torch.from_numpy(pos_slots).to(self.device),
-                             torch.from_numpy(np.minimum(local, self.max_drafts - 1)).to(self.device)]
-            q = q * torch.from_numpy(has).to(self.device)[:, None]
-        return self.sampler.verify(logits, pos_slots, local, row_of, drafts, q, len(rows))
+        if self.slots_random(slots):
+            q = self._q_buffer()[self._dev(slots), self._dev(b.row_start[rows] % self.ring)]
+            q = q * self._dev(drafts >= 0)[:, None]
+        logits = self.model.coda(last.index_select(0, self._dev(rows)))
+        return rows[first], self.sampler.verify(logits, slots, index, row_of, drafts, q, int(first.sum()))
 
     def slots_random(self, slots: np.ndarray) -> bool:
         return bool((self.sampler.table.temperature[slots] > 0).any())

@@ -12,11 +12,14 @@ only KV plane, so rejected drafts could not be rolled back by frontier), an engi
 while adaptive exit is the default, and rlt-kvcache's prefix cache and preemption (not
 round-aware; :data:`UNVERIFIED_WITH` says why).
 
-With rlt-decode installed, its features compose through the platform's interfaces alone: a step
-with speculative rows (a Row subclass) is not a decode-only step, so rlt-decode's batch builder
-hands it to the base builder, its executor hands it to this package's executor (eager), and its
-pipelined step loop drains before it and runs it synchronously; plain decode-only steps keep
-static buffers, graph replay and the lagged pipeline. Nothing here imports rlt.decode.
+With rlt-decode installed, its features compose through the platform's interfaces alone: every
+speculative row is a one-token decode row with its own state-table entry (``Row.static_decode``,
+``Row.state_index``), so rlt-decode's batch builder puts steps of speculative and plain decode
+rows into its static buffers (sized by the scheduler's ``max_decode_rows``), its executor runs
+their loops from them (replaying the same graphs as plain decode steps) and hands the heads to
+this package's executor (``finish_decode``); such steps are read at once (not lagged: the rounds
+need their drafts and verdicts), so the pipelined step loop drains before them. Steps with prompt
+rows run eagerly here. Nothing here imports rlt.decode.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ from rlt.spec.executor import SpeculativeExecutor
 from rlt.spec.scheduler import SpeculativeScheduler
 from rlt.spec.verify import SpeculativeSampler
 
-#: a speculative step's cost in plain decode steps where plain steps replay CUDA graphs: measured on the
-#: H200 (Ouro-1.4B shapes, bf16, C = 1: speculative steps 14-22 ms eager, plain graph steps 1.31 ms; the
-#: median ratio over the K x d runs was 12.2-13.4, benchmarks/results/h200-20261204-lease4/spec). At that
-#: cost no K pays at C = 1, so adaptive K decodes plainly (never slower than the graphs) unless told otherwise.
-GRAPH_STEP_COST = 12.0
+#: a speculative step's cost in plain decode steps where plain steps replay CUDA graphs and are pipelined.
+#: Speculative steps replay the same graphs but are host-synchronous (the host reads drafts and verdicts
+#: before planning the next step) and add an LM head over the rows reaching depth d or D. ESTIMATE, not
+#: measured: 1.3 ms plain steps (H200, C = 1) plus ~0.5 ms of host work and readback that a synchronous step
+#: does not overlap. When speculative steps ran eagerly the measured ratio was 12.2-13.4
+#: (benchmarks/results/h200-20261204-lease4/spec); benchmarks/spec_bench.py measures the current one.
+GRAPH_STEP_COST = 1.5
 
 #: features whose combination with self_spec is refused at composition, with the reason
 UNVERIFIED_WITH = {
@@ -61,8 +66,8 @@ class SpecOptions:
         "help": "plain tokens after which a request at K = 0 tries one round with K = 1"})
     step_cost: float | None = attrs.field(default=None, metadata={
         "help": "adaptive K counts a speculative step as this many plain decode steps (default: "
-                f"{GRAPH_STEP_COST:g} when rlt-decode's graphs are on, where plain steps replay graphs and speculative "
-                "ones run eagerly; 1 otherwise; benchmarks/spec_bench.py measures it)"})
+                f"{GRAPH_STEP_COST:g} when rlt-decode's graphs are on, where plain steps are pipelined and speculative "
+                "ones host-synchronous; 1 otherwise; benchmarks/spec_bench.py measures it)"})
     max_running: int = attrs.field(default=8, metadata={
         "help": "adaptive K starts no round while more than this many requests run (0: no limit)"})
 
@@ -84,8 +89,8 @@ class SpecOptions:
 
     def summary(self) -> str:
         k = f"K={self.num_tokens} for every request" if self.num_tokens else "per-request opt-in"
-        return (f"{k}, adaptive={'on' if self.adaptive else 'off'}; steps with speculative rows run eagerly and "
-                "synchronously (graphs and the pipeline apply to plain decode steps)")
+        return (f"{k}, adaptive={'on' if self.adaptive else 'off'}; steps with speculative rows are host-synchronous "
+                "(static buffers and graphs apply to them; the lagged pipeline to plain decode steps)")
 
     def resolved_step_cost(self, enabled_features) -> float:
         """``step_cost`` as given, else its default for the composition (the help text says which)."""
@@ -152,5 +157,5 @@ def features() -> list[Feature]:
         Feature(name="async_self_spec", package="rlt-spec", enabled_by_default=False, install=install_async,
                 requires=frozenset({Capability.SPECULATION}),
                 description="overlapped self-speculation (needs self_spec): the next round drafts while the current "
-                            "one verifies, in the same steps; host-synchronous, eager speculative steps"),
+                            "one verifies, in the same steps; host-synchronous steps"),
     ]

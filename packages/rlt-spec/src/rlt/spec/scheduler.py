@@ -1,5 +1,5 @@
 """The speculating scheduler policy: a wrapper that turns a speculating request's decode steps
-into rounds (synchronous: draft rows, then one verification row; overlapped: a chain of rows).
+into rounds (synchronous: draft rows, then verification rows; overlapped: a chain of rows).
 
 The inner policy keeps owning admission, slots, KV and every request's row. While a request is
 in a round, the inner policy's row for it stays its plain decode row of its next token (position
@@ -10,9 +10,9 @@ to the next position as for any decode step.
 Synchronous rounds: a round starts whenever a speculating request's row is a plain depth-0 decode
 row: K comes from its :class:`AcceptanceTracker`, capped by the remaining ``max_tokens`` (the
 round emits at most K+1 tokens), the step budget, and the KV manager (``grow`` to ``P + K + 1``
-positions); K = 0 leaves the plain row (a plain step). A verification row entering at depth
-``d`` is shortened (its last drafts dropped) when the step's rows would exceed
-``max_num_batched_tokens``.
+positions); K = 0 leaves the plain row (a plain step). The round's ``K+1`` verification rows
+(one per position) run together from depth ``d``; entering, the round is shortened (its last
+positions, so its last drafts, dropped) when the step's rows would exceed ``max_num_batched_tokens``.
 
 Overlapped rounds (``overlap``, the ``async_self_spec`` feature): a :class:`Chain` of one-token
 rows at consecutive positions ``P, P+1, ...``, oldest (deepest) first. The newest row drafts the
@@ -52,7 +52,7 @@ from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, ChainRow, DraftRow, Verif
 @attrs.define(eq=False)
 class Round:
     plain: Row  # the inner policy's row for the request (the round's first token, depth 0)
-    row: Row  # the round's current row
+    rows: list[Row]  # the round's rows in the next step: one draft row, or its verification rows
     drafts: list[int] = attrs.field(factory=list)
 
 
@@ -83,9 +83,10 @@ class SpeculativeScheduler(Wrapped):
 
     @property
     def max_decode_rows(self) -> int:
-        """The most one-token rows a step may hold: a chain has at most ``ring`` rows in flight and
-        at most one per loop (rows start at least one loop apart), within the step budget."""
-        per_request = min(self.ring, self.num_loops) if self.overlap else 1
+        """The most one-token rows a step may hold: a round verifies up to ``ring`` positions at
+        once; a chain has at most ``ring`` rows in flight and at most one per loop (rows start at
+        least one loop apart); all within the step budget."""
+        per_request = min(self.ring, self.num_loops) if self.overlap else self.ring
         return max(1, min(self.budget, self.num_slots * per_request))
 
     # -- requests ------------------------------------------------------------------------------
@@ -147,23 +148,23 @@ class SpeculativeScheduler(Wrapped):
         if k <= 0 or not self.kv.grow(row.slot, req, row.start + k + 1):
             return None
         first = DraftRow(req, row.slot, row.start, 1, 0, samples=False, in_prompt=False, index=0,
-                         num_drafts=k, draft_loops=tracker.draft_loops)
-        return Round(row, first)
+                         num_drafts=k, draft_loops=tracker.draft_loops, state=self._entry(row.slot, row.start))
+        return Round(row, [first])
 
     def schedule(self) -> StepPlan:
         plan = self.inner.schedule()
         allowed = self.speculation_allowed()
-        rows: list[Row] = []
+        out: list[Row | Round] = []
         used = sum(r.length for r in plan.rows)
         for row in plan.rows:
             tracker = self.trackers.get(row.request)
             if tracker is None:
-                rows.append(row)
+                out.append(row)
                 continue
             if self.overlap:
                 chain_rows = self._chain_rows(row, tracker, allowed, self.budget - used + row.length)
                 used += len(chain_rows) - row.length
-                rows.extend(chain_rows)
+                out.extend(chain_rows)
                 continue
             rnd = self.rounds.get(row.request)
             if rnd is None and allowed and row.depth == 0 and not row.in_prompt and row.length == 1:
@@ -171,12 +172,12 @@ class SpeculativeScheduler(Wrapped):
                 if rnd is not None:
                     self.rounds[row.request] = rnd
             if rnd is not None:
-                used += rnd.row.length - row.length
-                row = rnd.row
-            rows.append(row)
+                used += len(rnd.rows) - row.length
+            out.append(row if rnd is None else rnd)
         if used > self.budget:
-            self._shrink(rows, used - self.budget)
-        return StepPlan(tuple(rows), plan.failed)
+            self._shrink([it for it in out if isinstance(it, Round)], used - self.budget)
+        rows = tuple(r for it in out for r in (it.rows if isinstance(it, Round) else (it,)))
+        return StepPlan(rows, plan.failed)
 
     def _chain_rows(self, row: Row, tracker: AcceptanceTracker, allowed: bool, room: int) -> list[Row]:
         """The request's rows of this step: its chain's (started or extended here), or its plain row."""
@@ -203,17 +204,19 @@ class SpeculativeScheduler(Wrapped):
     def _entry(self, slot: int, position: int) -> int:
         return ring_entry(self.num_slots, self.ring, slot, position)
 
-    def _shrink(self, rows: list[Row], excess: int) -> None:
-        """Drop trailing drafts of verification rows entering this step until the rows fit."""
-        for i in sorted(range(len(rows)), key=lambda j: -rows[j].length):
-            row = rows[i]
+    @staticmethod
+    def _shrink(rounds: list[Round], excess: int) -> None:
+        """Drop the trailing positions (drafts) of rounds whose verification enters this step until
+        the rows fit: the round then checks fewer drafts."""
+        for rnd in sorted(rounds, key=lambda r: -len(r.rows)):
             if excess <= 0:
                 break
-            if getattr(row, "role", 0) != VERIFY or row.depth != row.draft_loops or row.length == 1:
+            first = rnd.rows[0]
+            if first.role != VERIFY or first.depth != first.draft_loops or len(rnd.rows) == 1:
                 continue
-            cut = min(excess, row.length - 1)
-            rows[i] = attrs.evolve(row, length=row.length - cut, drafts=row.drafts[: row.length - cut - 1])
-            self.rounds[row.request].row = rows[i]
+            cut = min(excess, len(rnd.rows) - 1)
+            k = len(rnd.rows) - 1 - cut
+            rnd.rows = [attrs.evolve(r, num_drafts=k, draft=r.draft if r.index < k else -1) for r in rnd.rows[: k + 1]]
             excess -= cut
 
     def advance(self, rows: Sequence[Row], result: StepResult, done: set[Request]) -> None:
@@ -226,6 +229,7 @@ class SpeculativeScheduler(Wrapped):
         keep: list[int] = []  # rows the inner policy moves on (plain ones, finished rounds)
         inner_rows: list[Row] = []
         chained: dict[Request, dict[int, int]] = {}  # request -> position -> row index
+        verifying: dict[Request, list[int]] = {}  # request -> its verification rows' indices
         for i, row in enumerate(rows):
             req = row.request
             if role[i] == PLAIN:
@@ -240,16 +244,22 @@ class SpeculativeScheduler(Wrapped):
             rnd = self.rounds.get(req)
             if rnd is None:  # finished while the step ran
                 continue
-            if not result.exited[i]:
-                rnd.row = row.deeper()
-            elif role[i] == DRAFT:
-                rnd.row = self._after_draft(row, rnd, int(drafts[i]))
+            if role[i] == VERIFY:
+                verifying.setdefault(req, []).append(i)
+            elif not result.exited[i]:
+                rnd.rows = [row.deeper()]
             else:
-                n = int(off[i + 1] - off[i])
-                self.trackers[req].update(row.length - 1, n - 1)
-                del self.rounds[req]
-                keep.append(i)
-                inner_rows.append(rnd.plain)
+                rnd.rows = self._after_draft(row, rnd, int(drafts[i]))
+        for req, idx in verifying.items():  # a round's verification rows move (and end) together
+            rnd = self.rounds[req]
+            if not result.exited[idx[0]]:
+                rnd.rows = [rows[i].deeper() for i in idx]
+                continue
+            head = next(i for i in idx if rows[i].index == 0)  # the round's tokens are reported here
+            self.trackers[req].update(rows[head].num_drafts, int(off[head + 1] - off[head]) - 1)
+            del self.rounds[req]
+            keep.append(head)
+            inner_rows.append(rnd.plain)
         for req, at in chained.items():
             chain = self.chains.get(req)
             if chain is not None:
@@ -285,10 +295,14 @@ class SpeculativeScheduler(Wrapped):
         if not moved:
             del self.chains[req]
 
-    @staticmethod
-    def _after_draft(row: DraftRow, rnd: Round, token: int) -> Row:
+    def _after_draft(self, row: DraftRow, rnd: Round, token: int) -> list[Row]:
+        """The round's next rows after a draft row reached depth d: the next draft row, or (after the
+        last one) a verification row per position, entering at depth d from the drafts' states."""
         if row.index < row.num_drafts:
             rnd.drafts.append(token)
-            return attrs.evolve(row, start=row.start + 1, depth=0, index=row.index + 1, token=token)
-        return VerifyRow(row.request, row.slot, rnd.plain.start, row.num_drafts + 1, row.draft_loops, samples=True,
-                         in_prompt=False, draft_loops=row.draft_loops, drafts=tuple(rnd.drafts))
+            return [attrs.evolve(row, start=row.start + 1, depth=0, index=row.index + 1, token=token,
+                                 state=self._entry(row.slot, row.start + 1))]
+        k, d, start = row.num_drafts, row.draft_loops, rnd.plain.start
+        return [VerifyRow(row.request, row.slot, start + i, 1, d, samples=True, in_prompt=False, draft_loops=d,
+                          index=i, num_drafts=k, draft=rnd.drafts[i] if i < k else -1,
+                          state=self._entry(row.slot, start + i)) for i in range(k + 1)]

@@ -45,7 +45,7 @@ class SpecStats:
         role = row_column(batch.rows, "role", 0, np.int8)
         done = np.nonzero((role == VERIFY) & (result.num_tokens > 0))[0]
         if len(done):
-            drafts = np.fromiter((batch.rows[i].length for i in done), np.int64, len(done)) - 1
+            drafts = row_column([batch.rows[i] for i in done], "num_drafts", 0, np.int64)
             kept = result.num_tokens[done] - 1
             self.rounds += len(done)
             self.drafted += int(drafts.sum())
