@@ -162,3 +162,44 @@ def test_seeded_sampling_through_static_buffers_equals_the_eager_path(tiny_check
         if decode:
             assert engine.ctx.parts.executor.describe()["steps"].get("with_feature_rows", 0) > 0
     assert got[True] == got[False]
+
+
+@pytest.mark.parametrize("decode", [False, True], ids=["eager", "static"])
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlapped"])
+def test_abort_mid_round_frees_everything_and_leaves_the_others_exact(tiny_checkpoint, tmp_path, overlap, decode):
+    """Aborting a speculating request while its round or chain rows are in flight: it finishes at
+    once, nothing more is reported for it, its slot is reused by a new speculating request, every
+    other request stays token-identical to the oracle, and all KV comes back."""
+    path = scale_loop_updates(tiny_checkpoint(seed=4), tmp_path / "ck", 0.03)
+    cfg = EngineConfig(model=str(path), dtype="float32", block_size=4, max_num_seqs=3)
+    enabled = {"self_spec": True, "async_self_spec": overlap}
+    if not decode:
+        enabled.update({f.name: False for f in DECODE})
+    engine = build_engine(cfg, features=spec_features() + DECODE, enabled=enabled,
+                          options={"self_spec": SpecOptions(adaptive=False)})
+    sched = engine.ctx.parts.scheduler
+    rng = random.Random(5)
+    items = [([rng.randrange(3, 300) for _ in range(rng.randint(3, 9))],
+              SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True,
+                             speculation={"num_tokens": 3 + i, "draft_loops": 1 + i % 2})) for i in range(4)]
+    for i, (p, sp) in enumerate(items[:3]):
+        engine.add_request(f"r{i}", p, sp)
+    outs = {}
+    target = None
+    while target is None:  # until r0 has speculative rows several steps deep
+        outs.update({o.request_id: o for o in engine.step() if o.finished})
+        target = next((r for r in (sched.chains if overlap else sched.rounds) if r.request_id == "r0"
+                       and r.num_produced >= 2), None)
+    aborted = engine.abort_request("r0")
+    assert aborted.finished and aborted.finish_reason == "abort" and len(aborted.token_ids) < 16
+    engine.add_request("r3", *items[3])  # takes r0's slot and ring entries
+    while engine.has_unfinished_requests():
+        outs.update({o.request_id: o for o in engine.step() if o.finished})
+    assert "r0" not in outs
+    ck = load_checkpoint(path, dtype=__import__("torch").float32)
+    ref = ck.family.build_reference(ck.config, ck.weights)
+    for i in (1, 2, 3):
+        want, _ = reference_generate(ref, items[i][0], max_tokens=16)
+        assert outs[f"r{i}"].error is None and list(outs[f"r{i}"].token_ids) == want, i
+    stats = engine.stats()
+    assert stats.num_free_kv_blocks == stats.num_kv_blocks

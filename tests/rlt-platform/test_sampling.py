@@ -137,3 +137,35 @@ def test_logprobs_of_chosen_token_and_top(tiny_checkpoint):
         assert lp.token_id == tok and lp.logprob <= 0 and math.isfinite(lp.logprob)
         assert len(lp.top) == 3 and lp.top[0][0] == tok  # greedy: chosen is the best
         assert lp.top[0][1] == pytest.approx(lp.logprob)
+
+
+def test_greedy_batches_upload_only_the_suppression():
+    """All-greedy rows need no random-row parameters on the device: nothing is uploaded unless a row
+    is still below min_tokens (its stop ids are banned); a random row uploads everything."""
+    from rlt.platform.engine.sampler import build_sampling_batch
+    from rlt.platform.engine.slots import SlotTable
+
+    class Uploads:
+        def __init__(self):
+            self.calls = []
+
+        def upload(self, arrays):
+            self.calls.append(sorted(arrays))
+            return {k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()}
+
+    table = SlotTable(4, max_stop_ids=2)
+    table.temperature[:] = 0.0
+    table.stop_ids[:] = [[2, -1]] * 4
+    table.min_tokens[:] = 0
+    up = Uploads()
+    slots = np.array([0, 2])
+    greedy = build_sampling_batch(table, slots, up)
+    assert up.calls == [] and greedy.all_greedy and greedy.suppress is None and greedy.temperature is None
+    table.min_tokens[2] = 3  # slot 2 has generated none: its stop ids are banned
+    banned = build_sampling_batch(table, slots, up)
+    assert up.calls == [["suppress"]] and banned.suppress.tolist() == [[-1, -1], [2, -1]]
+    logits = torch.tensor([[0.0, 0.0, 5.0, 1.0], [0.0, 0.0, 5.0, 1.0]])
+    assert sample(logits, banned).token_ids.tolist() == [2, 3]
+    table.temperature[0] = 0.7
+    build_sampling_batch(table, slots, up)
+    assert up.calls[-1] == sorted(["temperature", "top_p", "top_k", "seed_lo", "seed_hi", "step", "suppress"])

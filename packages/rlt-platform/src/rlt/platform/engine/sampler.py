@@ -40,14 +40,18 @@ def uniform_noise(seed_lo: torch.Tensor, seed_hi: torch.Tensor, step: torch.Tens
 
 @attrs.frozen(eq=False)
 class SamplingBatch:
-    """Per-row sampling parameters of the rows that sample this step (device tensors)."""
+    """Per-row sampling parameters of the rows that sample this step (device tensors).
 
-    temperature: torch.Tensor  # [M] fp32; 0 = greedy
-    top_p: torch.Tensor  # [M] fp32
-    top_k: torch.Tensor  # [M] int64; 0 = off
-    seed_lo: torch.Tensor  # [M] int64
-    seed_hi: torch.Tensor  # [M] int64
-    step: torch.Tensor  # [M] int64, tokens generated so far
+    When every row is greedy (``all_greedy``) only ``suppress`` is uploaded: a greedy row is the
+    argmax of its suppressed logits, and the random-row fields are None (nothing reads them).
+    """
+
+    temperature: torch.Tensor | None  # [M] fp32; 0 = greedy
+    top_p: torch.Tensor | None  # [M] fp32
+    top_k: torch.Tensor | None  # [M] int64; 0 = off
+    seed_lo: torch.Tensor | None  # [M] int64
+    seed_hi: torch.Tensor | None  # [M] int64
+    step: torch.Tensor | None  # [M] int64, tokens generated so far
     suppress: torch.Tensor | None  # [M, S] int64 token ids to ban (-1 = none), or None
     all_greedy: bool
     any_top: bool
@@ -137,20 +141,22 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
     generated = table.num_generated[slots]
     if step_offsets is not None:
         generated = generated + step_offsets
-    arrays = {"temperature": temp, "top_p": top_p, "top_k": top_k, "seed_lo": table.seed_lo[slots],
-              "seed_hi": table.seed_hi[slots], "step": generated}
+    all_greedy = bool((temp == 0).all())
+    arrays = {} if all_greedy else {"temperature": temp, "top_p": top_p, "top_k": top_k,
+                                    "seed_lo": table.seed_lo[slots], "seed_hi": table.seed_hi[slots],
+                                    "step": generated}
     if table.stop_ids.shape[1]:
         needs = generated < table.min_tokens[slots]
         if needs.any():
             ids = table.stop_ids[slots].copy()
             ids[~needs] = -1
             arrays["suppress"] = ids
-    dev = uploader.upload(arrays)
+    dev = uploader.upload(arrays) if arrays else {}  # greedy decoding: usually nothing to upload
     lp = table.logprobs[slots]
     return SamplingBatch(
-        temperature=dev["temperature"], top_p=dev["top_p"], top_k=dev["top_k"], seed_lo=dev["seed_lo"],
-        seed_hi=dev["seed_hi"], step=dev["step"], suppress=dev.get("suppress"),
-        all_greedy=bool((temp == 0).all()), any_top=bool(((top_k > 0) | (top_p < 1.0)).any()),
+        temperature=dev.get("temperature"), top_p=dev.get("top_p"), top_k=dev.get("top_k"),
+        seed_lo=dev.get("seed_lo"), seed_hi=dev.get("seed_hi"), step=dev.get("step"), suppress=dev.get("suppress"),
+        all_greedy=all_greedy, any_top=bool(((top_k > 0) | (top_p < 1.0)).any()),
         max_logprobs=int(lp.max()) if len(lp) else -1,
     )
 
