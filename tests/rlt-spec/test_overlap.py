@@ -156,3 +156,24 @@ def test_overlapped_seeded_sampling_is_reproducible(spec_checkpoints):
     a = drain(spec_engine(path, overlap=True), reqs)
     b = drain(spec_engine(path, overlap=True), reqs[::-1])  # another order, other batch neighbours
     assert {k: list(v.token_ids) for k, v in a.items()} == {k: list(v.token_ids) for k, v in b.items()}
+
+
+def test_max_decode_rows_bounds_every_step(spec_checkpoints):
+    """The scheduler's ``max_decode_rows`` (what a static decode path sizes its buffers by) is one
+    row per request plus each speculating request's extra rows — a chain's at most min(K_max + 1, D),
+    a round's verification K_max + 1 — for at most ``max_running`` speculating requests under
+    adaptive K, within the step budget; no step of a full engine exceeds it."""
+    from rlt.spec.feature import SpecOptions
+
+    for overlap, adaptive, want in ((True, False, 6 + 6 * 3), (False, False, 6 + 6 * 4), (True, True, 6 + 2 * 3)):
+        engine = spec_engine(spec_checkpoints[1], overlap=overlap, max_num_seqs=6,
+                             options=SpecOptions(adaptive=adaptive, max_running=2, max_num_tokens=4))
+        sched = engine.ctx.parts.scheduler
+        assert sched.max_decode_rows == want, (overlap, adaptive)
+        widest = []
+        engine.add_observer(type("W", (), {"on_step": lambda self, b, r: widest.append(len(b.rows))})())
+        reqs = [(f"r{i}", [5 + i, 6, 7], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
+                                                       speculation={"num_tokens": 4, "draft_loops": 1}))
+                for i in range(2 if adaptive else 6)]  # adaptive: the gate is open at 2 running
+        drain(engine, reqs)
+        assert len(reqs) < max(widest) <= want, (overlap, adaptive, max(widest))

@@ -83,11 +83,16 @@ class SpeculativeScheduler(Wrapped):
 
     @property
     def max_decode_rows(self) -> int:
-        """The most one-token rows a step may hold: a round verifies up to ``ring`` positions at
-        once; a chain has at most ``ring`` rows in flight and at most one per loop (rows start at
-        least one loop apart); all within the step budget."""
+        """The most one-token rows a step may hold (a static decode path sizes its buffers by it; a
+        step with more rows runs eagerly): one per request, plus, for each request that may
+        speculate at once, the rest of its rows — a round verifies up to ``ring`` positions at once;
+        a chain has at most ``ring`` rows in flight and at most one per loop (rows start at least
+        one loop apart). Adaptive K with the ``max_running`` gate lets at most ``max_running``
+        requests speculate at once. All within the step budget."""
         per_request = min(self.ring, self.num_loops) if self.overlap else self.ring
-        return max(1, min(self.budget, self.num_slots * per_request))
+        o = self.options
+        speculating = self.num_slots if not (o.adaptive and o.max_running) else min(self.num_slots, o.max_running)
+        return max(1, min(self.budget, self.num_slots + speculating * (per_request - 1)))
 
     # -- requests ------------------------------------------------------------------------------
     def resolve(self, request: Request) -> AcceptanceTracker | None:
