@@ -135,6 +135,8 @@ def test_every_k_and_d_through_static_buffers_is_exact(tiny_checkpoint, tmp_path
     assert steps.get("with_feature_rows", 0) > 0
     assert steps.get("eager_other_steps", 0) == kinds["prompt"]
     assert (kinds["verify"] > 0) == (not overlap)
+    # chains are read back lagged (the pipeline is on by default); rounds at once
+    assert (steps.get("lagged_with_feature_rows", 0) > 0) == overlap
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlapped"])

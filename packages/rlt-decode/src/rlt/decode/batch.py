@@ -18,7 +18,9 @@ Rows of other features take this path when their type says so (``Row.static_deco
 decode rows, e.g. rlt-spec's draft and chain rows): each row's state lives at its
 ``Row.state_index`` of the executor's state table (several rows of one slot may share a step,
 each with its own entry), a depth-0 row embeds ``token_ids()`` when its input is not the
-request's own token, and such a step is never lagged (its feature reads its results at once).
+request's own token (or, when that token is a draft only the device has, the device token table at
+``Row.input_token_entry``), and such a step is lagged only when every row's type allows it
+(``Row.lagged_heads``: its feature finishes it without a host read).
 
 Owns: the host banks, the device field buffers, the device page-table mirror. Must not: read
 device memory (no host sync) or keep references to rows after ``build`` returns the batch.
@@ -39,7 +41,8 @@ from rlt.platform.uva import mapped_copy_
 
 #: int64 fields (rows of the int64 block) and int32 fields (rows of the int32 block; threshold as fp32 bits)
 #: ``from_device``: 1 where the row's input token is still on the device (sampled by a step whose
-#: tokens the host has not read yet): the step gathers it from the resident per-slot token buffer
+#: tokens the host has not read yet, or a device-only draft): the step gathers it from the resident
+#: token table at the entry held in ``token`` (the slot for a sampled token)
 #: ``state``: the row's entry in the executor's state table (``Row.state_index``; the slot for plain rows)
 I64 = ("token", "from_device", "slot", "state", "position", "slot_mapping", "plane0")
 I32 = ("seq_len", "depth", "loop", "min_loops", "max_loops", "threshold")
@@ -104,7 +107,7 @@ class DecodeBatch:
     depth: np.ndarray  # [R] the loop each row runs (0-based)
     row_start: np.ndarray  # [R] each row's position
     from_device: np.ndarray  # [R] the row embeds the token in the device token buffer (in flight)
-    #: rows of other features (a Row subclass) share the step: its results are read at once
+    #: rows of other features (a Row subclass) share the step (their feature finishes it)
     feature_rows: bool = False
     #: the step's exits are known on the host (no row can exit on the gate this loop) and the
     #: pipeline is on: the executor leaves its tokens on the device and reads them with a lag
@@ -244,13 +247,22 @@ class StaticBatchBuilder(Wrapped):
         plain = all(type(r) is Row for r in rows)
         state = slots if plain else np.fromiter((r.state_index for r in rows), np.int64, n)
         # depth-0 rows embed the token sampled last: the host's copy, or (while the step that
-        # sampled it is in flight) the device's token buffer; a row whose input is not the
-        # request's own token (a draft) embeds that
-        own = np.ones(n, bool) if plain else np.fromiter((r.own_input() for r in rows), bool, n)
-        from_device = np.fromiter((r.depth == 0 and r.request.num_pending > 0 for r in rows), np.int64, n) & own
-        token = np.fromiter((0 if r.depth else r.token_ids()[0] if not o else
-                             0 if r.request.num_pending else r.request.output_token_ids[-1]
-                             for r, o in zip(rows, own)), np.int64, n)
+        # sampled it is in flight) the device's token table at the slot; a row whose input is not
+        # the request's own token embeds that (a draft: the host's value, or the device's at the
+        # row's entry). ``token`` holds the table entry for rows that embed from the device.
+        if plain:
+            from_device = np.fromiter((r.depth == 0 and r.request.num_pending > 0 for r in rows), np.int64, n)
+            token = np.where(from_device != 0, slots, np.fromiter(
+                (0 if r.depth or r.request.num_pending else r.request.output_token_ids[-1] for r in rows), np.int64, n))
+        else:
+            from_device, token = np.zeros(n, np.int64), np.zeros(n, np.int64)
+            for i, r in enumerate(rows):
+                if r.depth:
+                    continue
+                if r.input_on_device() or (r.own_input() and r.request.num_pending > 0):
+                    from_device[i], token[i] = 1, r.input_token_entry()
+                else:
+                    token[i] = r.request.output_token_ids[-1] if r.own_input() else r.token_ids()[0]
         bs = self.kv.block_size
         tables = self.kv.block_tables
         plane = np.zeros_like(depth) if self.layout is KVLayout.SHARED else depth
@@ -273,5 +285,5 @@ class StaticBatchBuilder(Wrapped):
         return DecodeBatch(rows=tuple(rows), slots=slots, bucket=bucket, context=context,
                            fixed_exit=loop >= max_loops, adaptive=adaptive, samples=np.ones(n, bool),
                            depth=depth, row_start=pos, from_device=from_device.astype(bool), feature_rows=not plain,
-                           lagged=self.pipelined and plain and bool(exits_known(loop, min_loops, max_loops,
-                                                                                 adaptive).all()))
+                           lagged=self.pipelined and (plain or all(r.lagged_heads for r in rows))
+                           and bool(exits_known(loop, min_loops, max_loops, adaptive).all()))

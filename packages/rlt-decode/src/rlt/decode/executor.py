@@ -73,7 +73,11 @@ class StaticDecodeExecutor(Wrapped):
         self.startup_graphs = 0
         #: the resident per-slot token buffer: every token a decode step samples lands here, and
         #: depth-0 rows whose token is still in flight embed from it (inside the captured graph)
-        self.tokens = torch.zeros(ctx.max_num_seqs, dtype=torch.int64, device=self.device)
+        #: (the inner executor's token table when it has one: its first entries are these, the rest
+        #: a feature's device-only tokens, e.g. rlt-spec's drafts)
+        self.tokens = getattr(inner, "token_table", None)
+        if self.tokens is None:
+            self.tokens = torch.zeros(ctx.max_num_seqs, dtype=torch.int64, device=self.device)
         self.ring = PinnedRing(ring_size, buffers.max_rows, self.device)
         self.pipeline = PipelineStats()
 
@@ -95,7 +99,8 @@ class StaticDecodeExecutor(Wrapped):
             self.kv.stamp_depth(f.plane0, f.depth)
         meta = self.attention.prepare(self.kv, meta)
         states, remaining = self.states, self.inner.remaining
-        token = torch.where(f.from_device != 0, self.tokens.index_select(0, f.slot), f.token)
+        # ``token`` is a token-table entry where ``from_device`` is 1 (else a token id: gather entry 0)
+        token = torch.where(f.from_device != 0, self.tokens.index_select(0, f.token * f.from_device), f.token)
         x = torch.where((f.depth == 0)[:, None], self.model.prelude(token), states.index_select(0, f.state))
         h = self.model.recurrent(x, self.model.rotary(f.position), self.kv, self.attention, meta)
         states.index_copy_(0, f.state, h)
@@ -191,6 +196,14 @@ class StaticDecodeExecutor(Wrapped):
         if batch.feature_rows:
             self.stats["with_feature_rows"] += 1
         if batch.lagged:
+            if batch.feature_rows:  # their feature finishes the step (a lagged handle, or at once)
+                handle = self.inner.finish_decode_lagged(batch, h[:n])
+                if hasattr(handle, "shape"):
+                    self.pipeline.lagged_step()
+                    self.stats["lagged_with_feature_rows"] += 1
+                else:
+                    self.pipeline.sync_step(1)
+                return handle
             return self._lagged_tail(batch, h)
         gate = bool(batch.adaptive.any())
         exited = exited_dev[:n].cpu().numpy() if gate else batch.fixed_exit.copy()

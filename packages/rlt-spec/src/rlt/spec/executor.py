@@ -34,6 +34,7 @@ import torch
 from rlt.platform.engine.executor import CompletedStep, EagerExecutor, sample_exited
 from rlt.platform.engine.interfaces import StepResult
 from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, SpecStepResult, row_column
+from rlt.spec.verify import Checked
 
 _NEVER_EXIT = 1 << 30
 
@@ -72,6 +73,43 @@ def _merge(total: int, dests, arrays, fill, dtype):
     return out
 
 
+@attrs.define(eq=False)
+class ChainHeads:
+    """What :meth:`SpeculativeExecutor._chain_device` leaves on the device for the checking rows."""
+
+    checking: np.ndarray  # batch indices of the chain rows that reached full depth
+    check: Checked | None = None
+    valid: torch.Tensor | None = None  # [len(checking)] bool
+
+
+class LaggedSpecStep:
+    """Handle of a lagged step with chain rows: ``shape`` now; per row (token, counts, verdict)
+    copied to pinned host memory behind an event, read by :meth:`result`."""
+
+    def __init__(self, shape: SpecStepResult, packed: torch.Tensor) -> None:
+        self.shape = shape
+        cuda = packed.device.type == "cuda"
+        self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=cuda)
+        self._host.copy_(packed, non_blocking=cuda)
+        self._event = None
+        if cuda:
+            self._event = torch.cuda.Event()
+            self._event.record()
+        self._result: SpecStepResult | None = None
+
+    def done(self) -> bool:
+        return self._result is not None or self._event is None or self._event.query()
+
+    def result(self) -> SpecStepResult:
+        if self._result is None:
+            if self._event is not None:
+                self._event.synchronize()
+            tokens, counts, verdicts = self._host.numpy()
+            self._result = attrs.evolve(self.shape, num_tokens=counts.copy(), token_ids=tokens[counts > 0].copy(),
+                                        accepted=verdicts.astype(bool), lagged=False)
+        return self._result
+
+
 class SpeculativeExecutor(EagerExecutor):
     def __init__(self, *, max_drafts: int, **kw) -> None:
         super().__init__(**kw)
@@ -85,6 +123,15 @@ class SpeculativeExecutor(EagerExecutor):
         self.hidden = self.state_table[:n]
         self.draft_h = self.state_table[n:].view(n, self.ring, h)
         self.draft_q: torch.Tensor | None = None
+        #: the token table (``Executor.token_table``, the same layout as the state table): per slot
+        #: the last token sampled for it, then per ring entry the draft its row made — what a chain
+        #: row's successor embeds, and what its own check judges, without the host reading it
+        self.token_table = torch.zeros(n * (1 + self.ring), dtype=torch.int64, device=self.device)
+        #: per slot: a check of its current chain rejected (the chain's later rows ran on a wrong
+        #: token: their checks are invalid); cleared by the next chain's first row
+        self.dead = torch.zeros(n, dtype=torch.bool, device=self.device)
+        #: this (eager) step's depth-0 rows whose input is a device-only draft (batch indices, entries)
+        self._on_device: tuple[np.ndarray, torch.Tensor] | None = None
         #: this (eager) step's speculative rows (batch indices, their state-table entries on the
         #: device), and the per-row states the base step computed (set by :meth:`_keep`)
         self._spec: tuple[np.ndarray, torch.Tensor] | None = None
@@ -107,6 +154,9 @@ class SpeculativeExecutor(EagerExecutor):
 
     def _inputs(self, b) -> torch.Tensor:
         x = super()._inputs(b)
+        if self._on_device is not None:  # the base step embedded a placeholder for these
+            rows, entries = self._on_device
+            x[self._dev(b.row_token_start[rows])] = self.model.prelude(self.token_table[entries])
         if self._spec is not None:  # deeper speculative rows continue from their own entries
             rows, entries = self._spec
             deep = b.depth[rows] > 0
@@ -132,6 +182,10 @@ class SpeculativeExecutor(EagerExecutor):
             return super().execute(b)
         rows = np.nonzero(spec)[0]
         self._spec = (rows, self._dev(row_column([b.rows[i] for i in rows], "state_index", 0, np.int64)))
+        on_dev = np.asarray([i for i in rows if b.depth[i] == 0 and b.rows[i].input_on_device()], np.int64)
+        if len(on_dev):
+            self._on_device = (on_dev, self._dev(np.fromiter((b.rows[i].input_token_entry() for i in on_dev),
+                                                            np.int64, len(on_dev))))
         changes = {"fixed_exit": b.fixed_exit & ~spec, "samples": b.samples & ~spec}
         if b.adaptive.any():  # the gate decides for plain rows only
             spec_dev = torch.from_numpy(spec).to(self.device)
@@ -140,7 +194,7 @@ class SpeculativeExecutor(EagerExecutor):
             base = super().execute(attrs.evolve(b, **changes)).result()
             last = self._last
         finally:
-            self._spec, self._last = None, None
+            self._spec, self._last, self._on_device = None, None, None
         return CompletedStep(self._heads(b, base, role, row_column(b.rows, "draft_loops", 0, np.int64), last))
 
     def finish_decode(self, b, last: torch.Tensor, exited: np.ndarray):
@@ -153,6 +207,42 @@ class SpeculativeExecutor(EagerExecutor):
             return super().finish_decode(b, last, exited)
         base = sample_exited(self.model, self.sampler, last, exited & ~spec, b.samples & ~spec, b.slots)
         return self._heads(b, base, role, row_column(b.rows, "draft_loops", 0, np.int64), last)
+
+    def finish_decode_lagged(self, b, last: torch.Tensor):
+        """A static decode step of plain and chain rows finished without a host read: plain rows
+        sample on the device (their tokens into the token table at their slots), chain rows' heads
+        run on the device (:meth:`_chain_device`); every row's token, whether it counts and its
+        verdict go to pinned host memory behind an event. The handle's ``shape`` (host-known now)
+        counts the plain rows' tokens only: a chain check's token counts when read (it may be
+        invalid). Rows that want logprobs, or other speculative rows, make it read at once."""
+        role = row_column(b.rows, "role", PLAIN, np.int8)
+        if ((role == DRAFT) | (role == VERIFY)).any() or (self.sampler.table.logprobs[b.slots] >= 0).any():
+            return CompletedStep(self.finish_decode(b, last, b.fixed_exit.copy()))
+        n = b.num_rows
+        plain = role == PLAIN
+        sampled = np.nonzero(b.fixed_exit & b.samples & plain)[0]
+        tokens = torch.zeros(n, dtype=torch.int64, device=self.device)
+        counts = torch.zeros(n, dtype=torch.int64, device=self.device)
+        verdicts = torch.zeros(n, dtype=torch.int64, device=self.device)
+        if len(sampled):
+            rows = self._dev(sampled)
+            out = self.sampler.sample(self.model.coda(last.index_select(0, rows)), b.slots[sampled])
+            self.token_table[self._dev(b.slots[sampled])] = out.token_ids
+            tokens[rows], counts[rows] = out.token_ids, 1
+        chain = np.nonzero(role == CHAIN)[0]
+        exited = b.fixed_exit & plain
+        if len(chain):
+            heads = self._chain_device(b, chain, row_column(b.rows, "draft_loops", 0, np.int64), last)
+            if heads.check is not None:
+                rows = self._dev(heads.checking)
+                tokens[rows] = heads.check.token_ids
+                counts[rows] = heads.valid.long()
+                verdicts[rows] = heads.check.accepted.long()
+                exited[heads.checking] = True
+        shape_counts = np.zeros(n, np.int64)
+        shape_counts[sampled] = 1
+        shape = SpecStepResult(exited, shape_counts, np.zeros(0, np.int64), lagged=True)
+        return LaggedSpecStep(shape, torch.stack([tokens, counts, verdicts]))
 
     def _heads(self, b, base: StepResult, role: np.ndarray, d: np.ndarray, last: torch.Tensor) -> SpecStepResult:
         """The step's result: ``base`` (the plain rows') merged with what the speculative rows
@@ -178,13 +268,18 @@ class SpeculativeExecutor(EagerExecutor):
             parts.append((heads, v.num_tokens))
             arrays.append((v.token_ids, v.logprobs, v.top_ids, v.top_logprobs))
         if len(chain):
-            checked, ok, v = self._chain_heads(b, chain, d, last, draft_tokens)
-            if len(checked):
+            heads = self._chain_device(b, chain, d, last)
+            if heads.check is not None:
+                c = heads.check
+                checked = heads.checking
+                valid = heads.valid.cpu().numpy()  # False only behind an unread lagged rejection
                 exited[checked] = True
                 accepted = np.zeros(b.num_rows, bool)
-                accepted[checked] = ok
-                parts.append((checked, v.num_tokens))
-                arrays.append((v.token_ids, v.logprobs, v.top_ids, v.top_logprobs))
+                accepted[checked] = c.accepted.cpu().numpy()
+                parts.append((checked[valid], np.ones(int(valid.sum()), np.int64)))
+                sel = heads.valid
+                arrays.append(tuple(None if t is None else t[sel].cpu().numpy()
+                                    for t in (c.token_ids, c.logprobs, c.top_ids, c.top_logprobs)))
         num, dests = _scatter_rows(b.num_rows, parts)
         total = int(num.sum())
         ids, lp, top_ids, top_lp = (
@@ -195,37 +290,48 @@ class SpeculativeExecutor(EagerExecutor):
             exited, num, ids if ids is not None else np.zeros(0, np.int64), lp, top_ids, top_lp,
             prompt_logprobs=base.prompt_logprobs, draft_tokens=draft_tokens, accepted=accepted)
 
-    def _chain_heads(self, b, chain: np.ndarray, d: np.ndarray, last: torch.Tensor, draft_tokens: np.ndarray):
-        """One LM-head call for the chain rows that reached depth ``d`` (their drafts go into
-        ``draft_tokens``; ``q`` into the ring) and those that reached full depth (their drafts are
-        checked). Returns (the checked rows, whether each draft was accepted, their tokens)."""
+    def _chain_device(self, b, chain: np.ndarray, d: np.ndarray, last: torch.Tensor) -> ChainHeads:
+        """Chain rows' heads, on the device only: a chain's first row clears its slot's rejection
+        flag; rows reaching depth ``d`` draft the next token into the token table at their entries
+        (``q`` into the ring); rows reaching full depth check the draft at their entry (one LM-head
+        call for both). A check is *valid* unless an earlier check of its slot rejected since the
+        slot's chain began (its row then ran on a wrong token): a valid rejection sets the flag, and
+        only valid checks write their token to the slot's entry (what the next step embeds)."""
+        first = [i for i in chain if b.depth[i] == 0 and b.rows[i].first]
+        if first:
+            self.dead[self._dev(b.slots[first])] = False
         loop = b.depth[chain] + 1
         drafting = chain[loop == d[chain]]
         checking = chain[b.fixed_exit[chain]]
         heads = np.concatenate([drafting, checking])
+        out = ChainHeads(checking)
         if not len(heads):
-            return checking, None, None
+            return out
         rows = [b.rows[i] for i in heads]
-        # generation step of the token each row yields: its position past the request's last token
-        offsets = np.fromiter((r.start - r.request.num_prompt - r.request.num_produced + 1 for r in rows), np.int64,
-                              len(rows))
         slots = b.slots[heads]
+        entries = self._dev(row_column(rows, "state_index", 0, np.int64))
         ring = b.row_start[heads] % self.ring
+        # the generation step of the token each row yields (its position past the prompt), relative
+        # to the slot's count the sampler adds: independent of how many tokens the host has read
+        num_prompt = np.fromiter((r.request.num_prompt for r in rows), np.int64, len(rows))
+        offsets = b.row_start[heads] + 1 - num_prompt - self.sampler.table.num_generated[slots]
         logits = self.model.coda(last.index_select(0, self._dev(heads)))
         nd = len(drafting)
         if nd:
             tokens, q = self.sampler.draft(logits[:nd], slots[:nd], offsets[:nd])
+            self.token_table[entries[:nd]] = tokens
             if q is not None:
                 self._q_buffer()[self._dev(slots[:nd]), self._dev(ring[:nd])] = q
-            draft_tokens[drafting] = tokens.cpu().numpy()
-        if not len(checking):
-            return checking, None, None
-        drafts = row_column(rows[nd:], "draft", -1, np.int64)
-        q = None
-        if self.slots_random(slots[nd:]):
-            q = self._q_buffer()[self._dev(slots[nd:]), self._dev(ring[nd:])]
-        ok, v = self.sampler.check(logits[nd:], slots[nd:], offsets[nd:], drafts, q)
-        return checking, ok, v
+        if len(checking):
+            q = None
+            if self.slots_random(slots[nd:]):
+                q = self._q_buffer()[self._dev(slots[nd:]), self._dev(ring[nd:])]
+            out.check = self.sampler.check(logits[nd:], slots[nd:], offsets[nd:], self.token_table[entries[nd:]], q)
+            s_dev = self._dev(slots[nd:])
+            out.valid = ~self.dead[s_dev]
+            self.dead[s_dev] = self.dead[s_dev] | (out.valid & ~out.check.accepted)
+            self.token_table[s_dev] = torch.where(out.valid, out.check.token_ids, self.token_table[s_dev])
+        return out
 
     def _draft(self, b, rows: np.ndarray, last: torch.Tensor) -> np.ndarray:
         """The next drafts of draft rows that reached depth d (-1 for a round's last position);

@@ -22,7 +22,7 @@ of one step, one per in-flight position, at different depths.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import attrs
 import numpy as np
@@ -40,23 +40,40 @@ def ring_entry(num_slots: int, ring: int, slot: int, position: int) -> int:
     return num_slots + slot * ring + position % ring
 
 
+#: ``SpecRow.token`` values that are not tokens: the request's own last token, a device-only draft
+OWN, ON_DEVICE = -1, -2
+
+
 @attrs.frozen(eq=False)
 class SpecRow(Row):
     """A speculative one-token row: its state-table entry, and its input token when that is a draft."""
 
+    #: read without the host (``Row.lagged_heads``): chain rows only (rounds need their drafts on the host)
+    lagged_heads: ClassVar[bool] = False
     #: PLAIN / DRAFT / VERIFY / CHAIN (read by the executor without isinstance checks)
     role: int = PLAIN
     draft_loops: int = 1
-    #: the input token at this position (-1: the request's own token)
-    token: int = -1
+    #: the input token at this position: a draft the host knows, OWN (the request's last token), or
+    #: ON_DEVICE (the draft the previous position's row made, at ``token_entry`` of the token table)
+    token: int = OWN
     #: its entry in the executor's state table (:func:`ring_entry`)
     state: int = 0
+    #: with ``token == ON_DEVICE``: the token-table entry of its input draft
+    token_entry: int = 0
 
     def token_ids(self) -> Sequence[int]:
-        return super().token_ids() if self.token < 0 else (self.token,)
+        if self.token == ON_DEVICE:  # a placeholder: the executor embeds the device's draft
+            return (0,)
+        return super().token_ids() if self.token == OWN else (self.token,)
 
     def own_input(self) -> bool:
-        return self.token < 0
+        return self.token == OWN
+
+    def input_on_device(self) -> bool:
+        return self.token == ON_DEVICE
+
+    def input_token_entry(self) -> int:
+        return self.token_entry if self.token == ON_DEVICE else self.slot
 
     @property
     def state_index(self) -> int:
@@ -86,9 +103,16 @@ class VerifyRow(SpecRow):
 
 @attrs.frozen(eq=False)
 class ChainRow(SpecRow):
+    """A chain row: its input is the previous row's draft on the device (ON_DEVICE), or the
+    request's own token for a chain's first row (``first``: it also clears the slot's rejection
+    flag on the device, see :mod:`rlt.spec.executor`)."""
+
+    lagged_heads: ClassVar[bool] = True
     role: int = CHAIN
-    #: the draft this row made for the next position at depth ``draft_loops`` (-1: not yet)
-    draft: int = -1
+    #: the chain this row belongs to (a number per request's chains: results of an older chain's
+    #: rows, read late, are told apart)
+    chain: int = 0
+    first: bool = False
 
 
 def row_column(rows: Sequence[Row], name: str, default, dtype) -> np.ndarray:
@@ -103,3 +127,6 @@ class SpecStepResult(StepResult):
 
     draft_tokens: np.ndarray | None = None
     accepted: np.ndarray | None = None
+    #: the shape of a lagged step (chain checks' tokens and verdicts not read yet; ``on_result``
+    #: gets them)
+    lagged: bool = False

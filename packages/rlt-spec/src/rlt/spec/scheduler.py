@@ -46,7 +46,7 @@ from rlt.platform.engine.interfaces import Row, StepPlan, StepResult, Wrapped
 from rlt.platform.engine.request import Request
 from rlt.platform.errors import InvalidRequestError
 from rlt.spec.adaptive import AcceptanceTracker
-from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, ChainRow, DraftRow, VerifyRow, ring_entry, row_column
+from rlt.spec.rows import CHAIN, DRAFT, ON_DEVICE, PLAIN, VERIFY, ChainRow, DraftRow, VerifyRow, ring_entry, row_column
 
 
 @attrs.define(eq=False)
@@ -58,8 +58,11 @@ class Round:
 
 @attrs.define(eq=False)
 class Chain:
-    plain: Row  # the inner policy's row for the request (depth 0 at rows[0].start)
+    plain: Row  # the inner policy's row for the request (its next token's position, depth 0)
     rows: list[ChainRow]  # in flight: consecutive positions, oldest (deepest) first
+    id: int = 0
+    #: rows that reached full depth (left ``rows``) whose verdicts the host has not read yet
+    unconfirmed: int = 0
 
 
 class SpeculativeScheduler(Wrapped):
@@ -80,6 +83,7 @@ class SpeculativeScheduler(Wrapped):
         self.trackers: "weakref.WeakKeyDictionary[Request, AcceptanceTracker]" = weakref.WeakKeyDictionary()
         self.rounds: "weakref.WeakKeyDictionary[Request, Round]" = weakref.WeakKeyDictionary()
         self.chains: "weakref.WeakKeyDictionary[Request, Chain]" = weakref.WeakKeyDictionary()
+        self._chain_ids = 0
 
     @property
     def max_decode_rows(self) -> int:
@@ -185,25 +189,37 @@ class SpeculativeScheduler(Wrapped):
         return StepPlan(rows, plan.failed)
 
     def _chain_rows(self, row: Row, tracker: AcceptanceTracker, allowed: bool, room: int) -> list[Row]:
-        """The request's rows of this step: its chain's (started or extended here), or its plain row."""
+        """The request's rows of this step: its chain's (started or extended here), its plain row,
+        or none (its chain has no rows left but verdicts in flight: the inner policy's row moves on
+        only when they are read)."""
         req = row.request
         chain = self.chains.get(req)
+        if chain is not None and not chain.rows:
+            if chain.unconfirmed:
+                return []
+            del self.chains[req]
+            chain = None
         if chain is None:
             if not allowed or row.depth != 0 or row.in_prompt or row.length != 1:
                 return [row]
             if req.max_tokens - req.num_produced < 2 or tracker.next_k() <= 0:
                 return [row]
+            self._chain_ids += 1
             chain = Chain(row, [ChainRow(req, row.slot, row.start, 1, 0, samples=False, in_prompt=False,
-                                         draft_loops=tracker.draft_loops, state=self._entry(row.slot, row.start))])
+                                         draft_loops=tracker.draft_loops, state=self._entry(row.slot, row.start),
+                                         chain=self._chain_ids, first=True)], id=self._chain_ids)
             self.chains[req] = chain
         chain.plain = row
         last = chain.rows[-1]
         n = len(chain.rows)
-        if (last.draft >= 0 and allowed and n < room and n <= tracker.current_k()
-                and n < req.max_tokens - req.num_produced and self.kv.grow(row.slot, req, last.start + 2)):
+        # the newest row has drafted (it ran loop d) — its draft is on the device, where the new row
+        # embeds it; every row in flight or unconfirmed yields a token: never past max_tokens
+        if (last.depth >= last.draft_loops and allowed and n < room and n <= tracker.current_k()
+                and n + chain.unconfirmed < req.max_tokens - req.num_produced
+                and self.kv.grow(row.slot, req, last.start + 2)):
             chain.rows.append(ChainRow(req, row.slot, last.start + 1, 1, 0, samples=False, in_prompt=False,
-                                       draft_loops=last.draft_loops, token=last.draft,
-                                       state=self._entry(row.slot, last.start + 1)))
+                                       draft_loops=last.draft_loops, token=ON_DEVICE, token_entry=last.state,
+                                       state=self._entry(row.slot, last.start + 1), chain=chain.id))
         return chain.rows[: max(1, room)]
 
     def _entry(self, slot: int, position: int) -> int:
@@ -225,10 +241,13 @@ class SpeculativeScheduler(Wrapped):
             excess -= cut
 
     def advance(self, rows: Sequence[Row], result: StepResult, done: set[Request]) -> None:
+        """Move the step's rows on. A lagged step's ``result`` is its shape: chains move on (their
+        rows reaching full depth leave, unconfirmed), their verdicts come to :meth:`on_result`."""
         role = row_column(rows, "role", PLAIN, np.int8)
         if not role.any():  # plain rows only (also a lagged step's shape, whose tokens are not read)
             self.inner.advance(rows, result, done)
             return
+        lagged = getattr(result, "lagged", False)
         off = result.token_offsets
         drafts = getattr(result, "draft_tokens", None)
         keep: list[int] = []  # rows the inner policy moves on (plain ones, finished rounds)
@@ -268,37 +287,56 @@ class SpeculativeScheduler(Wrapped):
         for req, at in chained.items():
             chain = self.chains.get(req)
             if chain is not None:
-                self._advance_chain(req, chain, at, result, drafts, keep, inner_rows)
+                self._move_chain(chain, at, result)
         idx = np.asarray(keep, np.int64)
-        tok = np.concatenate([np.arange(off[i], off[i + 1]) for i in keep]) if keep else np.zeros(0, np.int64)
-        self.inner.advance(inner_rows, StepResult(
-            result.exited[idx], result.num_tokens[idx], result.token_ids[tok.astype(np.int64)],
-            exit_latency=result.exit_latency), done)
+        if lagged:  # the shape: plain rows' tokens are counted, not known
+            tokens = np.zeros(0, np.int64)
+        else:
+            tok = np.concatenate([np.arange(off[i], off[i + 1]) for i in keep]) if keep else np.zeros(0, np.int64)
+            tokens = result.token_ids[tok.astype(np.int64)]
+        self.inner.advance(inner_rows, StepResult(result.exited[idx], result.num_tokens[idx], tokens,
+                                                  exit_latency=result.exit_latency), done)
+        if chained and not lagged:
+            self._verdicts(rows, result, done)
 
-    def _advance_chain(self, req: Request, chain: Chain, at: dict[int, int], result: StepResult, drafts,
-                       keep: list[int], inner_rows: list[Row]) -> None:
-        """Move a chain on after a step (``at``: position -> row index of its rows in the step)."""
+    def on_result(self, rows: Sequence[Row], result: StepResult, done: set[Request]) -> None:
+        """A lagged step's values: its chain rows' verdicts (its plain rows moved on at launch)."""
+        if getattr(result, "accepted", None) is not None:
+            self._verdicts(rows, result, done)
+
+    @staticmethod
+    def _move_chain(chain: Chain, at: dict[int, int], result: StepResult) -> None:
+        """Move a chain on after a step (``at``: position -> row index of its rows in the step): the
+        oldest row, at full depth, leaves (its verdict unconfirmed until read); the others go deeper."""
         oldest = at.get(chain.rows[0].start)
-        if oldest is not None and result.exited[oldest]:  # the oldest reached full depth: one token
-            ok = bool(result.accepted[oldest])
-            self.trackers[req].update(1, int(ok))
-            keep.append(oldest)
-            inner_rows.append(chain.plain)
-            if not ok:  # the newer rows ran on the rejected draft: the request goes on from the correction
-                del self.chains[req]
-                return
+        if oldest is not None and result.exited[oldest]:
             chain.rows.pop(0)
-        moved = []
-        for row in chain.rows:
-            i = at.get(row.start)
-            if i is not None:
-                row = row.deeper()
-                if drafts[i] >= 0:
-                    row = attrs.evolve(row, draft=int(drafts[i]))
-            moved.append(row)
-        chain.rows = moved
-        if not moved:
-            del self.chains[req]
+            chain.unconfirmed += 1
+        chain.rows = [row.deeper() if row.start in at else row for row in chain.rows]
+
+    def _verdicts(self, rows: Sequence[Row], result: StepResult, done: set[Request]) -> None:
+        """Chain rows that reached full depth: each valid one yields one token (the inner policy's
+        row moves on with it; the acceptance tracker learns the verdict); a rejection ends the chain
+        — its newer rows ran on a wrong token, their checks come back invalid (no token) — and the
+        request goes on from the correction."""
+        off = result.token_offsets
+        for i, row in enumerate(rows):
+            if getattr(row, "role", PLAIN) != CHAIN or not result.exited[i]:
+                continue
+            req = row.request
+            chain = self.chains.get(req)
+            if chain is None or chain.id != row.chain:
+                continue  # the row of a chain that already ended
+            chain.unconfirmed -= 1
+            lo, hi = int(off[i]), int(off[i + 1])
+            if req in done or req.finished or hi == lo:
+                continue
+            ok = bool(result.accepted[i])
+            self.trackers[req].update(1, int(ok))
+            self.inner.advance([chain.plain], StepResult(np.ones(1, bool), np.ones(1, np.int64),
+                                                         result.token_ids[lo:hi]), done)
+            if not ok:
+                del self.chains[req]
 
     def _after_draft(self, row: DraftRow, rnd: Round, token: int) -> list[Row]:
         """The round's next rows after a draft row reached depth d: the next draft row, or (after the

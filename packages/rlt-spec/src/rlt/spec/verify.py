@@ -50,6 +50,17 @@ def _salted(batch, salt: int):
 
 
 @attrs.frozen(eq=False)
+class Checked:
+    """Device outcome of checking chain rows' drafts (one per row)."""
+
+    accepted: torch.Tensor  # [M] bool
+    token_ids: torch.Tensor  # [M] the draft if accepted, else the correction
+    logprobs: torch.Tensor | None
+    top_ids: torch.Tensor | None
+    top_logprobs: torch.Tensor | None
+
+
+@attrs.frozen(eq=False)
 class Verified:
     """Host outcome of verifying a step's verification rows (flat arrays, row after row)."""
 
@@ -95,7 +106,7 @@ class SpeculativeSampler(Wrapped):
         raw = logits.float()
         z = suppressed_logits(raw, sb)
         greedy = z.argmax(dim=-1)
-        drafts_dev = torch.from_numpy(drafts).to(dev)
+        drafts_dev = drafts if torch.is_tensor(drafts) else torch.from_numpy(drafts).to(dev)
         has_draft = drafts_dev >= 0
         accept = has_draft & (drafts_dev == greedy)
         emitted = greedy
@@ -117,14 +128,14 @@ class SpeculativeSampler(Wrapped):
 
     @staticmethod
     def _logprobs(sb, raw: torch.Tensor, tokens: torch.Tensor):
-        """Logprobs of the raw full-depth distribution, as the base sampler reports them."""
+        """Logprobs of the raw full-depth distribution, as the base sampler reports them (device
+        tensors, None where not asked for)."""
         lp = top_ids = top_lp = None
         if sb.max_logprobs >= 0:
             logp = torch.log_softmax(raw, dim=-1)
-            lp = logp.gather(1, tokens[:, None]).squeeze(1).cpu().numpy()
+            lp = logp.gather(1, tokens[:, None]).squeeze(1)
             if sb.max_logprobs > 0:
-                tl, ti = logp.topk(sb.max_logprobs, dim=-1)
-                top_ids, top_lp = ti.cpu().numpy(), tl.cpu().numpy()
+                top_lp, top_ids = logp.topk(sb.max_logprobs, dim=-1)
         return lp, top_ids, top_lp
 
     @torch.inference_mode()
@@ -145,18 +156,16 @@ class SpeculativeSampler(Wrapped):
         first.scatter_reduce_(0, row_dev, torch.where(accept, n, local), reduce="amin")
         keep = local <= first[row_dev]
         tokens = emitted[keep]
-        lp, top_ids, top_lp = self._logprobs(sb, raw[keep], tokens)
+        lp, top_ids, top_lp = (None if t is None else t.cpu().numpy() for t in self._logprobs(sb, raw[keep], tokens))
         return Verified((first + 1).cpu().numpy(), tokens.cpu().numpy(), lp, top_ids, top_lp)
 
     @torch.inference_mode()
-    def check(self, logits: torch.Tensor, slots: np.ndarray, offsets: np.ndarray, drafts: np.ndarray,
-              q: torch.Tensor | None) -> tuple[np.ndarray, Verified]:
-        """Check one draft per row (chain rows at full depth): row i's full-depth ``logits[i]`` stand
-        for generation step ``offsets[i]`` and judge its draft ``drafts[i]`` (made from ``q[i]``, or
-        None if all greedy). Every row emits one token: its draft if accepted, else the correction.
-        Returns (accepted [M] bool, the tokens and their logprobs)."""
+    def check(self, logits: torch.Tensor, slots: np.ndarray, offsets: np.ndarray, drafts: torch.Tensor,
+              q: torch.Tensor | None) -> Checked:
+        """Check one draft per row (chain rows at full depth), on the device: row i's full-depth
+        ``logits[i]`` stand for generation step ``offsets[i]`` and judge its draft ``drafts[i]``
+        (a device tensor; made from ``q[i]``, or None if all greedy). Every row emits one token: its
+        draft if accepted, else the correction. Nothing is read back here."""
         sb = self._batch(slots, offsets)
         raw, accept, emitted = self._judge(logits, sb, drafts, q)
-        lp, top_ids, top_lp = self._logprobs(sb, raw, emitted)
-        return accept.cpu().numpy(), Verified(np.ones(len(drafts), np.int64), emitted.cpu().numpy(), lp, top_ids,
-                                              top_lp)
+        return Checked(accept, emitted, *self._logprobs(sb, raw, emitted))

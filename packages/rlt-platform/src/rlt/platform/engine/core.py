@@ -9,7 +9,10 @@ loop component decides how these are sequenced (:class:`SyncStepLoop`: one step 
 A pipelined step loop whose step's shape (which rows exit, how many tokens each produces) is
 known on the host at launch calls ``advance_launched(launched, shape)`` right after launching —
 the rows move on and the produced tokens are counted as pending (``Request.num_pending``) — and
-later ``complete(launched, advanced=True)`` when the token values arrive.
+later ``complete(launched, advanced=True)`` when the token values arrive: the shape's counts
+leave ``num_pending``, the values are recorded, and the policy's optional ``on_result`` sees them.
+A row may report tokens the shape did not count (a lagged speculative check: its token is known
+to exist only once read) or fewer than it counted (tokens discarded on the device).
 
 Faults: an exception while building, executing or completing a step aborts the requests of that
 step with the error in their outputs, frees their resources, is counted, and the engine stays up.
@@ -152,7 +155,8 @@ class EngineCore:
         if error is None:
             try:
                 result = launched.handle.result()
-                outputs.extend(self._apply(launched.batch.rows, result, advanced))
+                shape = launched.handle.shape if advanced else None
+                outputs.extend(self._apply(launched.batch.rows, result, shape))
             except Exception as exc:  # noqa: BLE001
                 error = exc
         if error is not None:
@@ -165,7 +169,8 @@ class EngineCore:
             obs.on_step(launched.batch, result)
         return outputs
 
-    def _apply(self, rows, result, advanced: bool = False) -> list[RequestOutput]:
+    def _apply(self, rows, result, shape: StepResult | None = None) -> list[RequestOutput]:
+        """Record ``result``; ``shape``: the rows were advanced at launch with it (a lagged step)."""
         now = time.monotonic()
         off = result.token_offsets
         outputs: list[RequestOutput] = []
@@ -174,8 +179,8 @@ class EngineCore:
             req = row.request
             prompt_logprobs.collect(req, result.prompt_logprobs.get(i))
             lo, hi = int(off[i]), int(off[i + 1])
-            if advanced:
-                req.num_pending -= hi - lo  # counted at launch; recorded (or discarded) now
+            if shape is not None:
+                req.num_pending -= int(shape.num_tokens[i])  # counted at launch; recorded (or discarded) now
             if hi == lo or req in done or req.finished:
                 continue
             reason = None
@@ -195,6 +200,10 @@ class EngineCore:
                 outputs.append(self._final(req))
             else:
                 outputs.append(self.out.output(req, False))
-        if not advanced:
+        if shape is None:
             self.scheduler.advance(rows, result, done)
+        else:
+            on_result = getattr(self.scheduler, "on_result", None)
+            if on_result is not None:
+                on_result(rows, result, done)
         return outputs

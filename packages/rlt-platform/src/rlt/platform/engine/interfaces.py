@@ -85,6 +85,22 @@ class Row:
         embeds an own-input decode row's token from there while the host has not read it yet."""
         return True
 
+    def input_on_device(self) -> bool:
+        """Whether a depth-0 one-token row's input token exists only on the device, at
+        :meth:`input_token_entry` of the executor's token table (rlt-spec: a draft made by the
+        previous position's row, never read by the host)."""
+        return False
+
+    def input_token_entry(self) -> int:
+        """The entry of the executor's token table (``Executor.token_table``) that holds this
+        depth-0 row's input token when the host does not have it: the slot's, where the last token
+        sampled for the request lands; a row whose input is a device-only draft names the draft's."""
+        return self.slot
+
+    #: a one-token row of this type can finish a step without a host read (its feature's
+    #: ``finish_decode_lagged``): a static decode path may lag such a step like a plain decode step
+    lagged_heads: ClassVar[bool] = True
+
     #: a one-token decode row of this type may run through a static decode path (rlt-decode's
     #: buffers and graphs): its state between loops lives at :attr:`state_index` of the executor's
     #: state table, and what follows its loops is the executor's ``finish_decode``. A row subclass
@@ -276,7 +292,9 @@ class SchedulerPolicy(Protocol):
     any state and frees its slot and KV; ``victims`` names running requests to preempt to free
     ``num_blocks`` (none in the base policy, which never overcommits). ``blocked_reason`` says why
     the head of the queue waits. ``supported_exit_latency`` is the largest executor exit latency
-    the policy can schedule with. Optional ``max_decode_rows``: the most one-token decode rows a
+    the policy can schedule with. Optional ``on_result(rows, result, done)``: called when a step
+    whose rows ``advance`` moved on at launch (with its shape) completes, with the token values —
+    a policy that defers decisions to the values (rlt-spec's lagged chains) makes them there. Optional ``max_decode_rows``: the most one-token decode rows a
     step may hold (``max_num_seqs`` when absent; a policy that runs several rows of one request in
     a step, as rlt-spec's chains do, says how many), which a static decode path sizes its buffers by.
     """
@@ -348,7 +366,12 @@ class Executor(Protocol):
     ``finish_decode(batch, last, exited) -> StepResult`` (what follows the loop for those rows:
     exit gate already decided in ``exited``, LM head and sampling of the rows that produce a token,
     or a feature's own heads; ``batch`` has ``rows``, ``slots``, ``depth``, ``row_start``,
-    ``fixed_exit``, ``samples`` per row, ``last`` the rows' end-of-loop states).
+    ``fixed_exit``, ``samples`` per row, ``last`` the rows' end-of-loop states). Optional there:
+    ``token_table`` (int64 ``[N]``, first ``max_num_seqs`` entries the per-slot last sampled tokens;
+    a row whose input is on the device embeds ``token_table[row.input_token_entry()]``; without it
+    the static path keeps its own per-slot buffer) and ``finish_decode_lagged(batch, last)`` for
+    steps with feature rows that may be lagged: a handle with a host-known ``shape`` (or a
+    completed step, when it must read at once).
     """
 
     exit_latency: int

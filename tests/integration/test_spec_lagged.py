@@ -1,0 +1,95 @@
+"""Overlapped self-speculation read back lagged (rlt-spec chains in rlt-decode's pipeline): the host
+launches step N+1 before it reads step N's drafts and verdicts — each new chain row embeds the
+previous row's draft from the device token table, each check judges the draft at its own entry,
+and a rejection is learnt up to ``depth`` steps late (the rows launched meanwhile come back
+invalid: no token). fp32 greedy output is token-identical to plain decoding at every pipeline
+depth, with rejections (random weights) and long accepted chains (a controlled checkpoint),
+requests arriving mid-decode (eager prompt steps between lagged chain steps), and every way a
+request can end mid-chain (EOS, stop token ids, stop strings, max_tokens; min_tokens holding stops
+off)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rlt.decode.feature import FEATURES as DECODE, PipelineOptions
+from rlt.platform import EngineConfig, SamplingParams
+from rlt.platform.composition import build_engine
+from rlt.spec.bench_checkpoint import scale_loop_updates
+from rlt.spec.feature import SpecOptions, features as spec_features
+from rlt.spec.stats import SpecStats
+
+from compose_helpers import run_with_arrivals
+
+
+def _engine(path, depth: int | None, spec: bool = True, **cfg):
+    """With self_spec (overlapped chains) and rlt-decode (pipeline at ``depth``; None: plain engine
+    without speculation or rlt-decode, the reference)."""
+    config = EngineConfig(model=str(path), dtype="float32", block_size=4, **{"max_num_seqs": 4, **cfg})
+    if depth is None:
+        return build_engine(config, features=spec_features() + DECODE,
+                            enabled={f.name: False for f in DECODE} | {"self_spec": False})
+    return build_engine(config, features=spec_features() + DECODE,
+                        enabled={"self_spec": spec, "async_self_spec": spec},
+                        options={"self_spec": SpecOptions(adaptive=False),
+                                 "pipeline": PipelineOptions(depth=depth)})
+
+
+def _items(seed, n=6, **params):
+    rng = random.Random(seed)
+    return [([rng.randrange(3, 300) for _ in range(rng.randint(2, 12))],
+             SamplingParams(**{"max_tokens": rng.randint(8, 20), "temperature": 0.0, "ignore_eos": True,
+                               "speculation": {"num_tokens": 1 + i % 5, "draft_loops": 1 + i % 3}, **params}))
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("depth", [0, 1, 3])
+@pytest.mark.parametrize("scale", [1.0, 0.03], ids=["random", "controlled"])
+def test_lagged_chains_are_exact_at_every_pipeline_depth(tiny_checkpoint, tmp_path, depth, scale):
+    path = scale_loop_updates(tiny_checkpoint(seed=8), tmp_path / "ck", scale)
+    items = _items(9)
+    want = run_with_arrivals(_engine(path, None), [(p, sp.with_(speculation=None)) for p, sp in items], 3)
+    engine = _engine(path, depth)
+    stats = SpecStats()
+    engine.add_observer(stats)
+    got = run_with_arrivals(engine, items, 3)
+    for w, g in zip(want, got):
+        assert g.error is None and list(g.token_ids) == list(w.token_ids), g.request_id
+        assert list(g.exit_depths) == list(w.exit_depths)
+    steps = engine.ctx.parts.executor.describe()["steps"]
+    assert steps.get("lagged_with_feature_rows", 0) > 0  # chain steps were read back lagged
+    assert stats.rejected > 0  # rejections happened (learnt late at depth > 0)
+    if scale != 1.0:
+        assert stats.acceptance > 0.5
+    kv = engine.stats()
+    assert kv.num_free_kv_blocks == kv.num_kv_blocks
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_lagged_chains_end_like_plain_decoding(tiny_checkpoint, tmp_path, depth):
+    """Requests that end mid-chain — on an EOS, a stop token id, a stop string, at max_tokens —
+    end exactly where plain decoding ends them, with the same finish reason and text; min_tokens
+    suppresses stop tokens until reached."""
+    path = scale_loop_updates(tiny_checkpoint(seed=6), tmp_path / "ck", 0.03)
+    ref = _engine(path, None)
+    base = _items(4, n=4, max_tokens=24)
+    first = run_with_arrivals(ref, [(p, sp.with_(speculation=None)) for p, sp in base], 1)
+    items = []
+    for (p, sp), out in zip(base, first):
+        toks = list(out.token_ids)
+        items += [
+            (p, sp.with_(stop_token_ids=[toks[5]])),  # a stop token id mid-way
+            (p, sp.with_(stop_token_ids=[toks[5]], min_tokens=8)),  # ... suppressed until 8 tokens
+            (p, sp.with_(ignore_eos=False)),  # EOS (the tiny vocabulary's) if it comes
+            (p, sp.with_(max_tokens=7)),
+            (p, sp.with_(stop=[out.text[len(out.text) // 2:][:3]] if len(out.text) > 8 else None)),
+        ]
+    want = run_with_arrivals(ref, [(p, sp.with_(speculation=None)) for p, sp in items], 2)
+    got = run_with_arrivals(_engine(path, depth, max_num_seqs=6), items, 2)
+    for w, g in zip(want, got):
+        assert g.error is None
+        assert (list(g.token_ids), g.finish_reason, g.text) == (list(w.token_ids), w.finish_reason, w.text), \
+            g.request_id
+    assert any(w.finish_reason == "stop" for w in want)
