@@ -249,10 +249,15 @@ def main(argv=None) -> dict:
     log(f"chosen scales {chosen}")
 
     # -- 5. C = 1 (run after 4) -----------------------------------------------------------------------------
-    def record(scale, mode, k, d, r):
-        model = (async_steps_per_token if mode != "sync" else sync_steps_per_token)(r["acceptance"], k, d, 4) \
-            if r["judged_drafts"] else float("nan")
-        r.update(scale=scale, mode=mode, k=k, d=d, model_steps_per_token=model,
+    def record(scale, mode, k, d, r, lag=0):
+        # lag: steps until a chain's verdict is read (the pipeline's depth when chains are lagged)
+        if not r["judged_drafts"]:
+            model = float("nan")
+        elif mode == "sync":
+            model = sync_steps_per_token(r["acceptance"], k, d, 4)
+        else:
+            model = async_steps_per_token(r["acceptance"], k, d, 4, lag)
+        r.update(scale=scale, mode=mode, k=k, d=d, model_steps_per_token=model, verdict_lag=lag,
                  speedup_vs_eager=r["decode_tokens_per_s"] / eager,
                  speedup_vs_default=r["decode_tokens_per_s"] / default)
         res["c1"].append(r)
@@ -265,10 +270,11 @@ def main(argv=None) -> dict:
         for overlap in (False, True):
             engine = bench.engine(scale, overlap=overlap)
             bench.warm(engine, 1, {"num_tokens": 2, "draft_loops": 1})
+            lag = engine.ctx.parts.scheduler.lag if overlap else 0
             for k in ks:
                 for d in ds:
                     record(scale, "async" if overlap else "sync", k, d,
-                           bench.run(engine, 1, args.out, {"num_tokens": k, "draft_loops": d}))
+                           bench.run(engine, 1, args.out, {"num_tokens": k, "draft_loops": d}), lag)
             engine = None  # dropped before the next build (which collects it)
         # adaptive K as shipped (the composition's default step_cost), and with step_cost = the ratio
         # just measured against the default build's plain steps (what --self-spec-step-cost is for)
@@ -282,7 +288,7 @@ def main(argv=None) -> dict:
             bench.warm(engine, 1, None)
             r = bench.run(engine, 1, args.out, None)
             r["step_cost"] = cost if cost is not None else "default"
-            record(scale, mode, max(ks), ref_d, r)
+            record(scale, mode, max(ks), ref_d, r, engine.ctx.parts.scheduler.lag)
             engine = None  # dropped before the next build (which collects it)
 
     # -- 4. C = big_c ---------------------------------------------------------------------------

@@ -52,6 +52,7 @@ def test_lagged_chains_are_exact_at_every_pipeline_depth(tiny_checkpoint, tmp_pa
     items = _items(9)
     want = run_with_arrivals(_engine(path, None), [(p, sp.with_(speculation=None)) for p, sp in items], 3)
     engine = _engine(path, depth)
+    assert engine.ctx.parts.scheduler.lag == depth  # adaptive K's cost model counts the late verdicts
     stats = SpecStats()
     engine.add_observer(stats)
     got = run_with_arrivals(engine, items, 3)
@@ -93,3 +94,21 @@ def test_lagged_chains_end_like_plain_decoding(tiny_checkpoint, tmp_path, depth)
         assert (list(g.token_ids), g.finish_reason, g.text) == (list(w.token_ids), w.finish_reason, w.text), \
             g.request_id
     assert any(w.finish_reason == "stop" for w in want)
+
+
+def test_logprobs_make_chain_steps_read_at_once(tiny_checkpoint, tmp_path):
+    """A request that wants logprobs makes its chain's steps synchronous (its heads are read at
+    once): the same tokens and logprobs as plain decoding; other chain steps stay lagged."""
+    path = scale_loop_updates(tiny_checkpoint(seed=3), tmp_path / "ck", 0.03)
+    items = _items(2, n=3)
+    items[1] = (items[1][0], items[1][1].with_(logprobs=2))
+    want = run_with_arrivals(_engine(path, None), [(p, sp.with_(speculation=None)) for p, sp in items], 1)
+    engine = _engine(path, 2)
+    got = run_with_arrivals(engine, items, 1)
+    for w, g in zip(want, got):
+        assert list(g.token_ids) == list(w.token_ids)
+    for a, b in zip(got[1].logprobs, want[1].logprobs):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+    pipe = engine.ctx.parts.executor.describe()
+    assert pipe["steps"].get("lagged_with_feature_rows", 0) > 0

@@ -177,3 +177,15 @@ def test_max_decode_rows_bounds_every_step(spec_checkpoints):
                 for i in range(2 if adaptive else 6)]  # adaptive: the gate is open at 2 running
         drain(engine, reqs)
         assert len(reqs) < max(widest) <= want, (overlap, adaptive, max(widest))
+
+
+def test_lag_adds_its_steps_to_every_rejection():
+    """Chains read back lagged learn a rejection ``lag`` steps late: d + (1 - a)(D - d + lag) steps
+    per token when the chain is never throttled, D + lag at a = 0, unchanged at a = 1."""
+    for a in (0.0, 0.3, 0.8):
+        for lag in (0, 1, 3):
+            assert async_steps_per_token(a, 4, 2, 4, lag) == pytest.approx(2 + (1 - a) * (2 + lag))
+    assert async_steps_per_token(1.0, 4, 2, 4, 3) == pytest.approx(async_steps_per_token(1.0, 4, 2, 4, 0))
+    # a lag that makes rejections costly enough turns speculation off at moderate acceptance
+    assert best_k(0.5, 8, 2, 4, 0.05, overlap=True, lag=0) > 0
+    assert best_k(0.5, 8, 2, 4, 0.05, overlap=True, lag=4) == 0

@@ -96,7 +96,7 @@ def test_feature_table(spec_checkpoints):
     engine = spec_engine(spec_checkpoints[0])
     table = {f.name: f for f in engine.features}
     assert table["self_spec"].enabled and table["self_spec"].available
-    assert "host-synchronous" in table["self_spec"].reason
+    assert "overlapped ones lagged" in table["self_spec"].reason
     assert table["async_self_spec"].available and not table["async_self_spec"].enabled
     assert engine.assembly.describe()["executor"] == ["self_spec"]
     table = {f.name: f for f in spec_engine(spec_checkpoints[0], overlap=True).features}
@@ -112,6 +112,10 @@ def test_step_cost_default_follows_the_composition():
     assert SpecOptions().resolved_step_cost({"self_spec", "static_buffers"}) == 1.0
     assert SpecOptions().resolved_step_cost({"self_spec", "graphs"}) == GRAPH_STEP_COST
     assert SpecOptions(step_cost=2.0).resolved_step_cost({"graphs"}) == 2.0
+    from rlt.spec.feature import LAGGED_STEP_COST
+
+    assert SpecOptions().resolved_step_cost({"self_spec", "async_self_spec", "graphs", "pipeline"}) == LAGGED_STEP_COST
+    assert SpecOptions().resolved_step_cost({"self_spec", "async_self_spec", "graphs"}) == GRAPH_STEP_COST
     # at the graph default overlapped d = 1 pays at high acceptance and not at low (Ouro's 4 loops)
     assert best_k(0.95, 8, 1, 4, 0.05, overlap=True, step_cost=GRAPH_STEP_COST) > 0
     assert best_k(0.2, 8, 1, 4, 0.05, overlap=True, step_cost=GRAPH_STEP_COST) == 0

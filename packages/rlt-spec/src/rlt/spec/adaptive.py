@@ -48,14 +48,16 @@ def sync_steps_per_token(alpha: float, k: int, draft_loops: int, num_loops: int)
     return round_steps(k, draft_loops, num_loops) / expected_tokens(alpha, k) if k else float(num_loops)
 
 
-def async_steps_per_token(alpha: float, k: int, draft_loops: int, num_loops: int) -> float:
+def async_steps_per_token(alpha: float, k: int, draft_loops: int, num_loops: int, lag: int = 0) -> float:
     """Expected steps per token of a chain (overlapped rounds) with at most ``k`` unverified drafts.
 
     Chain row j (after a restart) starts at step ``t_j = (j // m) * T + (j % m) * d`` with
     ``m = k + 1`` and ``T = max(D, m * d)`` (row j + m waits for row j to be verified when
     ``m * d < D``); the first rejected row J (``P(J = j) = a**j (1 - a)``) ends the chain, which
-    restarts at ``t_J + D`` after J + 1 tokens. So steps per token = ``E[t_J + D] / E[J + 1]``:
-    ``d + (1 - a)(D - d)`` when ``m * d >= D``; ``T / m`` at ``a = 1``; ``D`` at ``a = 0``.
+    restarts at ``t_J + D + lag`` after J + 1 tokens (``lag``: steps until the host reads the
+    verdict — the pipeline's depth when chains are read back lagged). So steps per token =
+    ``E[t_J + D + lag] / E[J + 1]``: ``d + (1 - a)(D - d + lag)`` when ``m * d >= D``; ``T / m``
+    at ``a = 1``; ``D + lag`` at ``a = 0``.
     """
     d, D = draft_loops, num_loops
     if not k:
@@ -67,16 +69,17 @@ def async_steps_per_token(alpha: float, k: int, draft_loops: int, num_loops: int
     am = alpha ** m
     groups = am / (1.0 - am)  # E[J // m]
     within = sum(r * alpha ** r for r in range(m)) * (1.0 - alpha) / (1.0 - am)  # E[J % m]
-    return (1.0 - alpha) * (period * groups + d * within + D)
+    return (1.0 - alpha) * (period * groups + d * within + D + lag)
 
 
 def best_k(alpha: float, k_max: int, draft_loops: int, num_loops: int, min_gain: float,
-           overlap: bool = False, step_cost: float = 1.0) -> int:
+           overlap: bool = False, step_cost: float = 1.0, lag: int = 0) -> int:
     """The K of the rule above (0: decode plainly)."""
-    cost = async_steps_per_token if overlap else sync_steps_per_token
     best, best_rate = 0, (1.0 + min_gain) / num_loops
     for k in range(1, k_max + 1):
-        rate = 1.0 / (cost(alpha, k, draft_loops, num_loops) * step_cost)
+        steps = (async_steps_per_token(alpha, k, draft_loops, num_loops, lag) if overlap
+                 else sync_steps_per_token(alpha, k, draft_loops, num_loops))
+        rate = 1.0 / (steps * step_cost)
         if rate > best_rate * (1.0 + 1e-9):
             best, best_rate = k, rate
     return best
@@ -97,6 +100,8 @@ class AcceptanceTracker:
     min_gain: float = 0.05
     #: a speculative step's cost in plain decode steps
     step_cost: float = 1.0
+    #: steps until a chain's verdict is read (overlapped rounds read back lagged: the pipeline's depth)
+    lag: int = 0
     probe_interval: int = 16
     accepted: float = 0.0
     rejected: float = 0.0
@@ -115,14 +120,14 @@ class AcceptanceTracker:
     def can_pay(self) -> bool:
         """Whether some K would beat plain decoding at full acceptance (else the request never probes)."""
         return best_k(1.0, self.k_max, self.draft_loops, self.num_loops, self.min_gain, self.overlap,
-                      self.step_cost) > 0
+                      self.step_cost, self.lag) > 0
 
     def current_k(self) -> int:
         """The rule's K for the current estimate (no probing, no side effects)."""
         if not self.adaptive:
             return self.k_max
         return best_k(self.alpha, self.k_max, self.draft_loops, self.num_loops, self.min_gain, self.overlap,
-                      self.step_cost)
+                      self.step_cost, self.lag)
 
     def next_k(self) -> int:
         """K for the request's next round (call once per token that could start one); a request

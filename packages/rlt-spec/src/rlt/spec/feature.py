@@ -17,9 +17,11 @@ speculative row is a one-token decode row with its own state-table entry (``Row.
 ``Row.state_index``), so rlt-decode's batch builder puts steps of speculative and plain decode
 rows into its static buffers (sized by the scheduler's ``max_decode_rows``), its executor runs
 their loops from them (replaying the same graphs as plain decode steps) and hands the heads to
-this package's executor (``finish_decode``); such steps are read at once (not lagged: the rounds
-need their drafts and verdicts), so the pipelined step loop drains before them. Steps with prompt
-rows run eagerly here. Nothing here imports rlt.decode.
+this package's executor (``finish_decode``). Synchronous rounds' steps are read at once (the rounds
+need their drafts on the host), so the pipelined step loop drains before them; overlapped chains'
+steps are lagged like plain decode steps (``finish_decode_lagged``: drafts stay in the device token
+table, verdicts reach the scheduler through ``on_result``). Steps with prompt rows run eagerly here.
+Nothing here imports rlt.decode.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ from rlt.spec.verify import SpeculativeSampler
 #: does not overlap. When speculative steps ran eagerly the measured ratio was 12.2-13.4
 #: (benchmarks/results/h200-20261204-lease4/spec); benchmarks/spec_bench.py measures the current one.
 GRAPH_STEP_COST = 1.5
+#: the same for overlapped rounds with rlt-decode's pipeline: chain steps are lagged like plain ones (the
+#: host reads their drafts and verdicts steps later) and add only the LM head over the rows reaching depth
+#: d or D and its sampling. ESTIMATE, not measured (benchmarks/spec_bench.py measures it).
+LAGGED_STEP_COST = 1.1
 
 #: features whose combination with self_spec is refused at composition, with the reason
 UNVERIFIED_WITH = {
@@ -67,7 +73,8 @@ class SpecOptions:
     step_cost: float | None = attrs.field(default=None, metadata={
         "help": "adaptive K counts a speculative step as this many plain decode steps (default: "
                 f"{GRAPH_STEP_COST:g} when rlt-decode's graphs are on, where plain steps are pipelined and speculative "
-                "ones host-synchronous; 1 otherwise; benchmarks/spec_bench.py measures it)"})
+                f"ones host-synchronous; {LAGGED_STEP_COST:g} for overlapped rounds with the pipeline, whose steps are "
+                "lagged too; 1 otherwise; estimates: benchmarks/spec_bench.py measures it)"})
     max_running: int = attrs.field(default=8, metadata={
         "help": "adaptive K starts no round while more than this many requests run (0: no limit)"})
 
@@ -89,14 +96,17 @@ class SpecOptions:
 
     def summary(self) -> str:
         k = f"K={self.num_tokens} for every request" if self.num_tokens else "per-request opt-in"
-        return (f"{k}, adaptive={'on' if self.adaptive else 'off'}; steps with speculative rows are host-synchronous "
-                "(static buffers and graphs apply to them; the lagged pipeline to plain decode steps)")
+        return (f"{k}, adaptive={'on' if self.adaptive else 'off'}; speculative steps run from static buffers and "
+                "graphs where rlt-decode is on; synchronous rounds are read at once, overlapped ones lagged with its pipeline")
 
     def resolved_step_cost(self, enabled_features) -> float:
         """``step_cost`` as given, else its default for the composition (the help text says which)."""
         if self.step_cost is not None:
             return self.step_cost
-        return GRAPH_STEP_COST if "graphs" in enabled_features else 1.0
+        if "graphs" not in enabled_features:
+            return 1.0
+        lagged = "async_self_spec" in enabled_features and "pipeline" in enabled_features
+        return LAGGED_STEP_COST if lagged else GRAPH_STEP_COST
 
     def resolved_draft_loops(self, num_loops: int) -> int:
         return self.draft_loops or max(1, num_loops // 2)
@@ -120,6 +130,16 @@ def check_context(ctx, options: SpecOptions) -> None:
                           f"exit_threshold is {ctx.default_threshold} (adaptive exit); speculation needs fixed depth")
 
 
+def verdict_lag(ctx) -> int:
+    """Steps until a chain's verdict is read: rlt-decode's pipeline depth when its static buffers
+    and pipeline are on (chain steps are then lagged), else 0. Read from the composition's options
+    by name — nothing here imports rlt.decode."""
+    f = ctx.feature_options
+    if "static_buffers" not in f or "pipeline" not in f:
+        return 0
+    return int(getattr(f["pipeline"], "depth", 0))
+
+
 def install(builder, options: SpecOptions) -> None:
     def scheduler(ctx, inner):
         # at build time: every enabled feature's options are known by then (install order is by name)
@@ -132,7 +152,7 @@ def install(builder, options: SpecOptions) -> None:
         resolved = attrs.evolve(options, step_cost=options.resolved_step_cost(ctx.feature_options))
         return SpeculativeScheduler(inner, options=resolved, kv=ctx.parts.kv_manager, num_loops=ctx.num_loops,
                                     max_num_batched_tokens=ctx.max_num_batched_tokens, num_slots=ctx.max_num_seqs,
-                                    overlap="async_self_spec" in ctx.feature_options)
+                                    overlap="async_self_spec" in ctx.feature_options, lag=verdict_lag(ctx))
 
     builder.wrap("scheduler", scheduler)
     builder.wrap("sampler", lambda ctx, inner: SpeculativeSampler(inner, slots=ctx.parts.slots,
@@ -157,5 +177,6 @@ def features() -> list[Feature]:
         Feature(name="async_self_spec", package="rlt-spec", enabled_by_default=False, install=install_async,
                 requires=frozenset({Capability.SPECULATION}),
                 description="overlapped self-speculation (needs self_spec): the next round drafts while the current "
-                            "one verifies, in the same steps; host-synchronous steps"),
+                            "one verifies, in the same steps; drafts stay on the device and verdicts are read lagged "
+                            "with rlt-decode's pipeline (host-synchronous without it)"),
     ]

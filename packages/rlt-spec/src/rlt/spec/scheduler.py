@@ -69,8 +69,10 @@ class SpeculativeScheduler(Wrapped):
     accepts_speculation = True
 
     def __init__(self, inner, *, options, kv, num_loops: int, max_num_batched_tokens: int, num_slots: int,
-                 overlap: bool = False) -> None:
+                 overlap: bool = False, lag: int = 0) -> None:
         super().__init__(inner)
+        #: steps until a chain's verdict is read (chains read back lagged: the pipeline's depth)
+        self.lag = lag
         #: chain rows' state-table entries (:func:`ring_entry`): the executor's slots and ring size
         self.num_slots = num_slots
         self.ring = options.max_num_tokens + 1
@@ -126,7 +128,8 @@ class SpeculativeScheduler(Wrapped):
                 "speculation.num_tokens")
         return AcceptanceTracker(k_max=k, draft_loops=d, num_loops=request.max_loops, adaptive=o.adaptive,
                                  overlap=self.overlap, initial_acceptance=o.initial_acceptance,
-                                 min_gain=o.min_gain, step_cost=o.resolved_step_cost(()), probe_interval=o.probe_interval)
+                                 min_gain=o.min_gain, step_cost=o.resolved_step_cost(()), probe_interval=o.probe_interval,
+                                 lag=self.lag if self.overlap else 0)
 
     def add(self, request: Request) -> None:
         tracker = self.resolve(request)
