@@ -195,19 +195,19 @@ class StaticDecodeExecutor(Wrapped):
         h, exited_dev = self._run(batch)
         if batch.feature_rows:
             self.stats["with_feature_rows"] += 1
-        if batch.lagged:
-            if batch.feature_rows:  # their feature finishes the step (a lagged handle, or at once)
-                handle = self.inner.finish_decode_lagged(batch, h[:n])
-                if hasattr(handle, "shape"):
-                    self.pipeline.lagged_step()
-                    self.stats["lagged_with_feature_rows"] += 1
-                else:
-                    self.pipeline.sync_step(1)
-                return handle
-            return self._lagged_tail(batch, h)
         gate = bool(batch.adaptive.any())
-        exited = exited_dev[:n].cpu().numpy() if gate else batch.fixed_exit.copy()
-        result = self.inner.finish_decode(batch, h[:n], exited)
+        if batch.lagged and not batch.feature_rows:
+            return self._lagged_tail(batch, h)
+        if batch.lagged:  # their feature finishes the step: a lagged handle, or (it must read) at once
+            handle = self.inner.finish_decode_lagged(batch, h[:n])
+            if hasattr(handle, "shape"):
+                self.pipeline.lagged_step()
+                self.stats["lagged_with_feature_rows"] += 1
+                return handle
+            result = handle.result()
+        else:
+            exited = exited_dev[:n].cpu().numpy() if gate else batch.fixed_exit.copy()
+            result = self.inner.finish_decode(batch, h[:n], exited)
         if len(result.token_ids):  # each row's last token (a verification row may yield several)
             produced = result.num_tokens > 0
             self.tokens.index_copy_(0, to_device(batch.slots[produced], self.device),
