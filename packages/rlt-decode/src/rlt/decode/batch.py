@@ -37,6 +37,7 @@ import torch
 from rlt.attention import KVLayout
 from rlt.platform.engine.exit_policy import row_thresholds
 from rlt.platform.engine.interfaces import Row, Wrapped
+from rlt.platform.engine.staging import to_device
 from rlt.platform.uva import mapped_copy_
 
 #: int64 fields (rows of the int64 block) and int32 fields (rows of the int32 block; threshold as fp32 bits)
@@ -186,16 +187,6 @@ class StaticDecodeBuffers:
             ev.record()
             self._events[self._flip] = ev
         self._flip ^= 1
-
-
-def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on ``device`` without a host wait: through (cached) pinned memory and a
-    non-blocking copy on CUDA-like devices (the caching host allocator keeps the pinned block
-    until the copy has run); a plain copy elsewhere."""
-    host = torch.from_numpy(np.ascontiguousarray(array))
-    if device.type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
 
 
 def decode_only(rows: Sequence[Row], max_rows: int) -> bool:

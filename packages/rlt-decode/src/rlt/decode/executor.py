@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from rlt.attention import AttentionMetadata, KVLayout
-from rlt.decode.batch import DecodeBatch, to_device
+from rlt.decode.batch import DecodeBatch
+from rlt.platform.engine.staging import to_device
 from rlt.decode.readback import LaggedStep, PipelineStats, PinnedRing
 from rlt.platform.engine.executor import CompletedStep
 from rlt.platform.engine.exit_policy import OuroGateExit

@@ -33,6 +33,7 @@ import torch
 
 from rlt.platform.engine.executor import CompletedStep, EagerExecutor, sample_exited
 from rlt.platform.engine.interfaces import StepResult
+from rlt.platform.engine.staging import to_device
 from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, SpecStepResult, row_column
 from rlt.spec.verify import Checked
 
@@ -150,7 +151,7 @@ class SpeculativeExecutor(EagerExecutor):
         return self.draft_q
 
     def _dev(self, a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+        return to_device(a, self.device)  # no host wait: a lagged step must not wait for the device
 
     def _inputs(self, b) -> torch.Tensor:
         x = super()._inputs(b)

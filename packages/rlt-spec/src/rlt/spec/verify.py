@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from rlt.platform.engine.interfaces import Wrapped
+from rlt.platform.engine.staging import to_device
 from rlt.platform.engine.sampler import (
     build_sampling_batch,
     gumbel_argmax,
@@ -106,7 +107,7 @@ class SpeculativeSampler(Wrapped):
         raw = logits.float()
         z = suppressed_logits(raw, sb)
         greedy = z.argmax(dim=-1)
-        drafts_dev = drafts if torch.is_tensor(drafts) else torch.from_numpy(drafts).to(dev)
+        drafts_dev = drafts if torch.is_tensor(drafts) else to_device(drafts, dev)
         has_draft = drafts_dev >= 0
         accept = has_draft & (drafts_dev == greedy)
         emitted = greedy
@@ -150,8 +151,8 @@ class SpeculativeSampler(Wrapped):
         dev = raw.device
         # Each row keeps its positions up to and including its first non-accepted one.
         n = len(row_of)
-        local = torch.from_numpy(np.arange(n) - np.searchsorted(row_of, row_of)).to(dev)
-        row_dev = torch.from_numpy(row_of).to(dev)
+        local = to_device(np.arange(n) - np.searchsorted(row_of, row_of), dev)
+        row_dev = to_device(row_of, dev)
         first = torch.full((num_rows,), n, dtype=torch.int64, device=dev)
         first.scatter_reduce_(0, row_dev, torch.where(accept, n, local), reduce="amin")
         keep = local <= first[row_dev]
