@@ -38,6 +38,17 @@ def _engine(path, overlap: bool):
                                  "chunked_prefill": ChunkedPrefillOptions(chunk_size=8)})
 
 
+def _fixed_k_engine(path, overlap: bool, decode: bool, **cfg):
+    """self_spec with every request's own K (no adaptive K); rlt-decode's features at their
+    defaults (``decode``) or all off."""
+    enabled = {"self_spec": True, "async_self_spec": overlap}
+    if not decode:
+        enabled.update({f.name: False for f in DECODE})
+    return build_engine(EngineConfig(model=str(path), dtype="float32", block_size=4, **cfg),
+                        features=spec_features() + DECODE, enabled=enabled,
+                        options={"self_spec": SpecOptions(adaptive=False)})
+
+
 def _items(seed):
     rng = random.Random(seed)
     specs = [None, {"num_tokens": 3, "draft_loops": 1}, {"num_tokens": 8, "draft_loops": 2}, None,
@@ -99,9 +110,7 @@ def test_every_k_and_d_through_static_buffers_is_exact(tiny_checkpoint, tmp_path
     depths, or a round's verification rows at consecutive positions, each at its own state-table
     entry."""
     path = scale_loop_updates(tiny_checkpoint(seed=1), tmp_path / "ck", 0.03)
-    cfg = EngineConfig(model=str(path), dtype="float32", block_size=4, max_num_seqs=8)
-    engine = build_engine(cfg, features=spec_features() + DECODE, enabled={"self_spec": True, "async_self_spec": overlap},
-                          options={"self_spec": SpecOptions(adaptive=False)})
+    engine = _fixed_k_engine(path, overlap, True, max_num_seqs=8)
     stats = SpecStats()
     engine.add_observer(stats)
     kinds = {"prompt": 0, "verify": 0}
@@ -152,12 +161,7 @@ def test_seeded_sampling_through_static_buffers_equals_the_eager_path(tiny_check
              for i, (t, k) in enumerate([(0.8, 0), (1.0, 20), (0.5, 0), (1.3, 5), (0.9, 0), (0.0, 0)])]
     got = {}
     for decode in (False, True):
-        cfg = EngineConfig(model=str(path), dtype="float32", block_size=4, max_num_seqs=4)
-        enabled = {"self_spec": True, "async_self_spec": overlap}
-        if not decode:
-            enabled.update({f.name: False for f in DECODE})
-        engine = build_engine(cfg, features=spec_features() + DECODE, enabled=enabled,
-                              options={"self_spec": SpecOptions(adaptive=False)})
+        engine = _fixed_k_engine(path, overlap, decode, max_num_seqs=4)
         outs = run_with_arrivals(engine, items, 3)
         assert all(o.error is None for o in outs)
         got[decode] = [list(o.token_ids) for o in outs]
@@ -173,12 +177,7 @@ def test_abort_mid_round_frees_everything_and_leaves_the_others_exact(tiny_check
     once, nothing more is reported for it, its slot is reused by a new speculating request, every
     other request stays token-identical to the oracle, and all KV comes back."""
     path = scale_loop_updates(tiny_checkpoint(seed=4), tmp_path / "ck", 0.03)
-    cfg = EngineConfig(model=str(path), dtype="float32", block_size=4, max_num_seqs=3)
-    enabled = {"self_spec": True, "async_self_spec": overlap}
-    if not decode:
-        enabled.update({f.name: False for f in DECODE})
-    engine = build_engine(cfg, features=spec_features() + DECODE, enabled=enabled,
-                          options={"self_spec": SpecOptions(adaptive=False)})
+    engine = _fixed_k_engine(path, overlap, decode, max_num_seqs=3)
     sched = engine.ctx.parts.scheduler
     rng = random.Random(5)
     items = [([rng.randrange(3, 300) for _ in range(rng.randint(3, 9))],
