@@ -52,7 +52,8 @@ def test_lagged_chains_are_exact_at_every_pipeline_depth(tiny_checkpoint, tmp_pa
     items = _items(9)
     want = run_with_arrivals(_engine(path, None), [(p, sp.with_(speculation=None)) for p, sp in items], 3)
     engine = _engine(path, depth)
-    assert engine.ctx.parts.scheduler.lag == depth  # adaptive K's cost model counts the late verdicts
+    lag = engine.ctx.parts.scheduler.lag
+    assert lag == depth  # adaptive K's cost model counts the late verdicts
     stats = SpecStats()
     engine.add_observer(stats)
     got = run_with_arrivals(engine, items, 3)
