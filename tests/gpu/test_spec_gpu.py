@@ -68,9 +68,10 @@ def test_spec_fp32_greedy_exact_on_gpu(tiny_checkpoint, tmp_path, scale, overlap
     got = _run(engine, reqs)
     for rid, _, _ in reqs:
         assert list(got[rid].token_ids) == list(want[rid].token_ids), rid
-    if decode:  # speculative rows ran in static decode steps, which replayed graphs
+    if decode:  # speculative rows ran in static decode steps, which replayed graphs; chains lagged
         steps = engine.ctx.parts.executor.describe()["steps"]
         assert steps.get("with_feature_rows", 0) > 0 and steps.get("graph_replays", 0) > 0, steps
+        assert (steps.get("lagged_with_feature_rows", 0) > 0) == overlap, steps
 
 
 @pytest.mark.parametrize("decode", [False, True], ids=["eager", "graphs"])
