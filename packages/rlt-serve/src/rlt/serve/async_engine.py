@@ -71,6 +71,14 @@ class _Stop:
 
 
 @attrs.frozen
+class _Describe:
+    """Ask for ``engine.describe()`` computed on the engine thread (between steps: the counters it
+    reads are the engine thread's); ``reply(value_or_exception)`` is called there."""
+
+    reply: Callable[[Any], None]
+
+
+@attrs.frozen
 class Delivery:
     """What the engine thread hands to the loop after processing commands or a step."""
 
@@ -135,6 +143,11 @@ class EngineThread(threading.Thread):
                     self._abort(cmd.request_id, outputs, failed, None)
                 elif isinstance(cmd, _Stop):
                     stop = True
+                elif isinstance(cmd, _Describe):
+                    try:
+                        cmd.reply(engine.describe())
+                    except Exception as exc:  # noqa: BLE001 - reported to the caller, the engine goes on
+                        cmd.reply(exc)
             if stop:
                 for rid in sorted(self._live):
                     self._abort(rid, outputs, failed, None)
@@ -326,6 +339,26 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         return self._thread.latest_stats if self._thread is not None else self.engine.stats()
+
+    async def describe(self, timeout: float = 5.0) -> dict | None:
+        """``engine.describe()`` as of now (executor step counts, fallbacks, pipeline), computed on
+        the engine thread between steps; None if that thread does not answer within ``timeout``
+        (a stalled or dead engine)."""
+        if self._thread is None or self._dead is not None:
+            return None
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def settle(value) -> None:
+            if not future.done():
+                future.set_result(value)
+
+        self._thread.submit(_Describe(lambda value: self._call(settle, value)))
+        try:
+            value = await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            return None
+        return None if isinstance(value, BaseException) else value
 
     @property
     def thread_faults(self) -> int:

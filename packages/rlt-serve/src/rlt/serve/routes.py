@@ -97,7 +97,11 @@ async def engine_info(request: Request) -> JSONResponse:
         "num_steps": st.num_steps, "num_faults": st.num_faults + s.engine.thread_faults,
         "in_flight": s.engine.in_flight, "capacity": s.engine.capacity,
     }
-    return JSONResponse({**s.info, "stats": live})
+    info = s.info
+    now = await s.engine.describe()
+    if now is not None:  # the executor's counters as of now (the startup snapshot otherwise)
+        info = {**info, "engine": {**info["engine"], **now}}
+    return JSONResponse({**info, "stats": {**live, "engine_description_live": now is not None}})
 
 
 @router.post("/tokenize")
