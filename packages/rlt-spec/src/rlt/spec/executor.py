@@ -16,9 +16,14 @@ loop (:meth:`_heads`, both paths):
   ring position); the round's verification rows, which entered at depth ``d`` from the drafts'
   states, are verified together when they reach full depth (one LM-head call over every round's
   positions), through the sampler's ``verify``;
-- overlapped rounds (chain rows): draws a draft from each chain row reaching depth ``d`` and checks
-  the draft of each chain row reaching full depth (one LM-head call for both), through the
-  sampler's ``check``.
+- overlapped rounds (chain rows), on the device only (:meth:`_chain_device`): a row reaching depth
+  ``d`` writes its draft into the token table (``token_table``, the state table's layout) at its
+  entry — the chain's next row embeds it from there, the row's own check judges it there — and a
+  row reaching full depth checks its draft (one LM-head call for both), through the sampler's
+  ``check``; a per-slot flag (``dead``) marks the checks after a rejection invalid. The results are
+  read at once (:meth:`_heads`) or, in rlt-decode's pipeline, lagged
+  (:meth:`finish_decode_lagged`: a :class:`LaggedSpecStep` whose values reach pinned memory
+  behind an event).
 
 A request has at most ``R`` speculative rows in flight (consecutive positions), so their ring
 entries never collide. Rollback is by frontier: nothing is copied; rejected positions' KV and depth
