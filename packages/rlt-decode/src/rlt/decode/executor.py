@@ -32,11 +32,11 @@ import torch
 
 from rlt.attention import AttentionMetadata, KVLayout
 from rlt.decode.batch import DecodeBatch
-from rlt.platform.engine.staging import to_device
 from rlt.decode.readback import LaggedStep, PipelineStats, PinnedRing
 from rlt.platform.engine.executor import CompletedStep
 from rlt.platform.engine.exit_policy import OuroGateExit
 from rlt.platform.engine.interfaces import StepResult, Wrapped
+from rlt.platform.engine.staging import to_device
 
 log = logging.getLogger("rlt.decode")
 

@@ -27,6 +27,7 @@ import torch
 from rlt.platform.engine.staging import ALIGN_BYTES, pack_aligned
 from rlt.platform.uva import mapped_copy_
 
+
 class _Bank:
     def __init__(self) -> None:
         self.host: torch.Tensor | None = None

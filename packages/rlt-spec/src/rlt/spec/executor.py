@@ -2,7 +2,7 @@
 
 Every speculative row is a one-token row whose state between loops lives at its own entry of one
 state table (``state_table``: the per-slot states ``hidden``, then a ring of ``R = max_drafts + 1``
-entries per slot, ``draft_h``; :func:`rlt.spec.rows.ring_entry`, by position). So draft, verification
+entries per slot; :func:`rlt.spec.rows.ring_entry`, by position). So draft, verification
 and chain rows of one request share steps at different positions and depths, and a static decode
 path (rlt-decode's buffers and graphs) runs them like plain decode rows — reading and writing their
 states by entry — and hands their heads back to :meth:`finish_decode`. This executor runs the
@@ -127,7 +127,6 @@ class SpeculativeExecutor(EagerExecutor):
         #: that a static decode path (rlt-decode) addresses a chain row's state like any row's
         self.state_table = torch.zeros(n * (1 + self.ring), h, dtype=self.hidden.dtype, device=self.device)
         self.hidden = self.state_table[:n]
-        self.draft_h = self.state_table[n:].view(n, self.ring, h)
         self.draft_q: torch.Tensor | None = None
         #: the token table (``Executor.token_table``, the same layout as the state table): per slot
         #: the last token sampled for it, then per ring entry the draft its row made — what a chain
@@ -278,14 +277,15 @@ class SpeculativeExecutor(EagerExecutor):
             if heads.check is not None:
                 c = heads.check
                 checked = heads.checking
-                valid = heads.valid.cpu().numpy()  # False only behind an unread lagged rejection
+                # one readback: tokens, validity (False only behind an unread lagged rejection), verdicts
+                tokens, valid, ok = torch.stack([c.token_ids, heads.valid.long(), c.accepted.long()]).cpu().numpy()
+                valid = valid.astype(bool)
                 exited[checked] = True
                 accepted = np.zeros(b.num_rows, bool)
-                accepted[checked] = c.accepted.cpu().numpy()
+                accepted[checked] = ok.astype(bool)
                 parts.append((checked[valid], np.ones(int(valid.sum()), np.int64)))
-                sel = heads.valid
-                arrays.append(tuple(None if t is None else t[sel].cpu().numpy()
-                                    for t in (c.token_ids, c.logprobs, c.top_ids, c.top_logprobs)))
+                arrays.append((tokens[valid], *(None if t is None else t[heads.valid].cpu().numpy()
+                                                 for t in (c.logprobs, c.top_ids, c.top_logprobs))))
         num, dests = _scatter_rows(b.num_rows, parts)
         total = int(num.sum())
         ids, lp, top_ids, top_lp = (
@@ -329,11 +329,11 @@ class SpeculativeExecutor(EagerExecutor):
             if q is not None:
                 self._q_buffer()[self._dev(slots[:nd]), self._dev(ring[:nd])] = q
         if len(checking):
+            s_dev = self._dev(slots[nd:])
             q = None
             if self.slots_random(slots[nd:]):
-                q = self._q_buffer()[self._dev(slots[nd:]), self._dev(ring[nd:])]
+                q = self._q_buffer()[s_dev, self._dev(ring[nd:])]
             out.check = self.sampler.check(logits[nd:], slots[nd:], offsets[nd:], self.token_table[entries[nd:]], q)
-            s_dev = self._dev(slots[nd:])
             out.valid = ~self.dead[s_dev]
             self.dead[s_dev] = self.dead[s_dev] | (out.valid & ~out.check.accepted)
             self.token_table[s_dev] = torch.where(out.valid, out.check.token_ids, self.token_table[s_dev])

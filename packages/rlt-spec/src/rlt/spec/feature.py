@@ -96,8 +96,9 @@ class SpecOptions:
 
     def summary(self) -> str:
         k = f"K={self.num_tokens} for every request" if self.num_tokens else "per-request opt-in"
-        return (f"{k}, adaptive={'on' if self.adaptive else 'off'}; speculative steps run from static buffers and "
-                "graphs where rlt-decode is on; synchronous rounds are read at once, overlapped ones lagged with its pipeline")
+        return (f"{k}, adaptive={'on' if self.adaptive else 'off'}; speculative steps run from static buffers "
+                "and graphs where rlt-decode is on; synchronous rounds are read at once, overlapped ones lagged "
+                "with its pipeline")
 
     def resolved_step_cost(self, enabled_features) -> float:
         """``step_cost`` as given, else its default for the composition (the help text says which)."""

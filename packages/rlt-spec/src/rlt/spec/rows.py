@@ -34,8 +34,8 @@ PLAIN, DRAFT, VERIFY, CHAIN = 0, 1, 2, 3
 
 def ring_entry(num_slots: int, ring: int, slot: int, position: int) -> int:
     """The state-table entry of the in-flight speculative row of ``slot`` at ``position``: past the
-    ``num_slots`` per-slot states, ``ring`` entries per slot (the executor's ``draft_h[slot,
-    position % ring]``). The in-flight rows of one request hold consecutive positions, at most
+    ``num_slots`` per-slot states, ``ring`` entries per slot (``slot``'s block, at ``position %
+    ring``). The in-flight rows of one request hold consecutive positions, at most
     ``ring`` of them, so their entries never collide."""
     return num_slots + slot * ring + position % ring
 

@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 from rlt.platform.engine.interfaces import Wrapped
-from rlt.platform.engine.staging import to_device
 from rlt.platform.engine.sampler import (
     build_sampling_batch,
     gumbel_argmax,
@@ -41,6 +40,7 @@ from rlt.platform.engine.sampler import (
     suppressed_logits,
     uniform_noise,
 )
+from rlt.platform.engine.staging import to_device
 
 DRAFT_SALT = 0x5EC1D7AF
 ACCEPT_SALT = 0x0ACC3917

@@ -294,8 +294,8 @@ class SchedulerPolicy(Protocol):
     the head of the queue waits. ``supported_exit_latency`` is the largest executor exit latency
     the policy can schedule with. Optional ``on_result(rows, result, done)``: called when a step
     whose rows ``advance`` moved on at launch (with its shape) completes, with the token values —
-    a policy that defers decisions to the values (rlt-spec's lagged chains) makes them there. Optional ``max_decode_rows``: the most one-token decode rows a
-    step may hold (``max_num_seqs`` when absent; a policy that runs several rows of one request in
+    a policy that defers decisions to the values (rlt-spec's lagged chains) makes them there.
+    Optional ``max_decode_rows``: the most one-token decode rows a step may hold (``max_num_seqs`` when absent; a policy that runs several rows of one request in
     a step, as rlt-spec's chains do, says how many), which a static decode path sizes its buffers by.
     """
 

@@ -16,18 +16,6 @@ import numpy as np
 import torch
 
 _GROUPS = {4: (np.int32, torch.int32), 8: (np.int64, torch.int64)}
-
-
-def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on ``device`` without a host wait: through (cached) pinned memory and a
-    non-blocking copy on CUDA-like devices (the caching host allocator keeps the pinned block
-    until the copy has run). A plain ``.to(device)`` from pageable memory would synchronise the
-    stream — wait for every queued kernel — which a step that must not wait (a lagged one) cannot
-    afford. A plain copy elsewhere."""
-    host = torch.from_numpy(np.ascontiguousarray(array))
-    if device.type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
 #: bytes every array's device view is aligned to
 ALIGN_BYTES = 16
 
@@ -45,6 +33,18 @@ def pack_aligned(flat: list[np.ndarray], per: int) -> tuple[np.ndarray, np.ndarr
     for a, o in zip(flat, starts):
         packed[o:o + a.size] = a
     return packed, starts
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device`` without a host wait: through (cached) pinned memory and a
+    non-blocking copy on CUDA-like devices (the caching host allocator keeps the pinned block
+    until the copy has run). A plain ``.to(device)`` from pageable memory would synchronise the
+    stream — wait for every queued kernel — which a step that must not wait (a lagged one) cannot
+    afford. A plain copy elsewhere."""
+    host = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 class CopyUploader:
