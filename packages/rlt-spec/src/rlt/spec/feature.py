@@ -39,14 +39,15 @@ from rlt.spec.verify import SpeculativeSampler
 
 #: a speculative step's cost in plain decode steps where plain steps replay CUDA graphs and are pipelined.
 #: Speculative steps replay the same graphs but are host-synchronous (the host reads drafts and verdicts
-#: before planning the next step) and add an LM head over the rows reaching depth d or D. ESTIMATE, not
-#: measured: 1.3 ms plain steps (H200, C = 1) plus ~0.5 ms of host work and readback that a synchronous step
-#: does not overlap. When speculative steps ran eagerly the measured ratio was 12.2-13.4
-#: (benchmarks/results/h200-20261204-lease4/spec); benchmarks/spec_bench.py measures the current one.
-GRAPH_STEP_COST = 1.5
+#: before planning the next step) and add an LM head over the rows reaching depth d or D. MEASURED (H200,
+#: Ouro-1.4B shapes, bf16, C = 1, benchmarks/results/h200-20261204-lease6): synchronous rounds took
+#: 1.72-2.15 ms per step against 1.42 ms for a plain step, 1.21-1.51x, median 1.3.
+GRAPH_STEP_COST = 1.3
 #: the same for overlapped rounds with rlt-decode's pipeline: chain steps are lagged like plain ones (the
 #: host reads their drafts and verdicts steps later) and add only the LM head over the rows reaching depth
-#: d or D and its sampling. ESTIMATE, not measured (benchmarks/spec_bench.py measures it).
+#: d or D and its sampling. MEASURED there: 1.08-1.15x at d = 2 (1.53-1.64 ms); 1.22-1.43x at d = 1, where
+#: every step has a draft reaching its exit (the value is the d = 2 one: d = 1 drafts gain more per step,
+#: so the lower cost only makes adaptive K slightly more willing there).
 LAGGED_STEP_COST = 1.1
 
 #: features whose combination with self_spec is refused at composition, with the reason
@@ -74,7 +75,7 @@ class SpecOptions:
         "help": "adaptive K counts a speculative step as this many plain decode steps (default: "
                 f"{GRAPH_STEP_COST:g} when rlt-decode's graphs are on, where plain steps are pipelined and speculative "
                 f"ones host-synchronous; {LAGGED_STEP_COST:g} for overlapped rounds with the pipeline, whose steps are "
-                "lagged too; 1 otherwise; estimates: benchmarks/spec_bench.py measures it)"})
+                "lagged too; 1 otherwise; measured on the H200: benchmarks/spec_bench.py measures it)"})
     max_running: int = attrs.field(default=8, metadata={
         "help": "adaptive K starts no round while more than this many requests run (0: no limit)"})
 
