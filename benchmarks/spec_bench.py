@@ -26,7 +26,8 @@ output tokens; about 6 minutes on an H200, bounded by ``--cap`` per run and ``--
    per step.
 
 A run is cut ``--cap`` seconds after its first token (its rate is then over what it produced;
-``capped`` in the JSON). Writes ``spec_bench.json`` into ``--out-dir`` and prints the table last.
+``capped`` in the JSON). Every measured configuration runs ``--reps`` times (3 on the H200) after
+its engine's warm-up; the median is reported. Writes ``spec_bench.json`` into ``--out-dir`` and prints the table last.
 
 H200 (one device call):
     python -m benchmarks.spec_bench --preset h200 --out-dir "$OUT/spec"
@@ -59,11 +60,11 @@ from rlt.spec.stats import SpecStats
 
 PRESETS = {
     "h200": dict(model="ouro-1.4b", device="cuda", dtype="bfloat16", input_len=32, out=256, ks="2,4,8", ds="1,2",
-                 scales="1.0,0.3,0.1,0.05,0.02,0.01,0.004", targets="0.8,0.95,0.6", calib_out=48, cap=5.0,
-                 big_c=64, deadline=330.0),
+                 scales="1.0,0.3,0.1,0.05,0.02,0.01,0.004,0.002", targets="0.8,0.95,0.6", calib_out=48, cap=5.0,
+                 big_c=64, deadline=330.0, reps=3),
     "cpu": dict(model="ouro-tiny", device="cpu", dtype="float32", input_len=16, out=48, ks="2,4,8", ds="1,2",
                 scales="1.0,0.1,0.03,0.01", targets="0.8,0.95,0.6", calib_out=24, cap=3.0, big_c=12,
-                deadline=600.0),
+                deadline=600.0, reps=1),
 }
 
 
@@ -128,6 +129,15 @@ class Bench:
             self.run(engine, c, 4, {"num_tokens": 0}, prompt_len=length, cap=None)
         self.run(engine, c, 16, spec, cap=None)
 
+    def measure(self, engine, c: int, out: int, spec) -> dict:
+        """``run`` repeated ``--reps`` times (after the caller's warm-up): the run with the median
+        tokens/s, with every repetition's tokens/s in ``reps_tokens_per_s``."""
+        runs = sorted((self.run(engine, c, out, spec) for _ in range(self.args.reps)),
+                      key=lambda r: r["decode_tokens_per_s"])
+        r = dict(runs[len(runs) // 2])
+        r["reps_tokens_per_s"] = [x["decode_tokens_per_s"] for x in runs]
+        return r
+
     def run(self, engine, c: int, out: int, spec, *, prompt_len: int | None = None, cap: float | None = -1.0,
             seed: int = 0) -> dict:
         """C requests of ``out`` greedy tokens; decode tokens/s from the moment every request has
@@ -184,7 +194,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="h200")
     for name, typ in (("model", str), ("device", str), ("dtype", str), ("input_len", int), ("out", int),
                       ("ks", str), ("ds", str), ("scales", str), ("targets", str), ("calib_out", int),
-                      ("cap", float), ("big_c", int), ("deadline", float)):
+                      ("cap", float), ("big_c", int), ("deadline", float), ("reps", int)):
         ap.add_argument(f"--{name.replace('_', '-')}", type=typ, default=None, help="(preset's value)")
     ap.add_argument("--budget", type=int, default=8192, help="max_num_batched_tokens")
     ap.add_argument("--work-dir")
@@ -217,7 +227,7 @@ def main(argv=None) -> dict:
             continue
         engine = bench.engine(1.0, decode=decode)
         bench.warm(engine, 1, {"num_tokens": 2, "draft_loops": 1})
-        r = bench.run(engine, 1, args.out, None)
+        r = bench.measure(engine, 1, args.out, None)
         r["components"] = engine.assembly.describe()
         describe = getattr(engine.ctx.parts.executor, "describe", None)
         r["executor"] = describe() if callable(describe) else None
@@ -274,7 +284,7 @@ def main(argv=None) -> dict:
             for k in ks:
                 for d in ds:
                     record(scale, "async" if overlap else "sync", k, d,
-                           bench.run(engine, 1, args.out, {"num_tokens": k, "draft_loops": d}), lag)
+                           bench.measure(engine, 1, args.out, {"num_tokens": k, "draft_loops": d}), lag)
             engine = None  # dropped before the next build (which collects it)
         # adaptive K as shipped (the composition's default step_cost), and with step_cost = the ratio
         # just measured against the default build's plain steps (what --self-spec-step-cost is for)
@@ -286,7 +296,7 @@ def main(argv=None) -> dict:
             engine = bench.engine(scale, overlap=True, adaptive=True,
                                   options={"num_tokens": max(ks), "draft_loops": ref_d, "step_cost": cost})
             bench.warm(engine, 1, None)
-            r = bench.run(engine, 1, args.out, None)
+            r = bench.measure(engine, 1, args.out, None)
             r["step_cost"] = cost if cost is not None else "default"
             record(scale, mode, max(ks), ref_d, r, engine.ctx.parts.scheduler.lag)
             engine = None  # dropped before the next build (which collects it)
@@ -302,8 +312,8 @@ def main(argv=None) -> dict:
         bench.warm(engine, c, None)
         rows = {}
         if gate == "default":
-            rows["plain"] = bench.run(engine, c, args.out, {"num_tokens": 0})
-        rows[f"adaptive_gate_{gate}"] = bench.run(engine, c, args.out, None)
+            rows["plain"] = bench.measure(engine, c, args.out, {"num_tokens": 0})
+        rows[f"adaptive_gate_{gate}"] = bench.measure(engine, c, args.out, None)
         engine = None  # dropped before the next build (which collects it)
         for name, r in rows.items():
             r.update(scale=top, c=c, run=name, max_running=SpecOptions(**options).max_running)
