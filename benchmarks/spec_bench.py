@@ -113,8 +113,11 @@ class Bench:
         enabled = {"self_spec": True, "async_self_spec": overlap}
         if not decode:
             enabled.update({f.name: False for f in self.decode_features})
-        opts = SpecOptions(adaptive=adaptive, **(options or {}))
-        plan = plan_composition(self.platform, feats, enabled=enabled, options={"self_spec": opts}, model=str(self.src))
+        feature_options = {"self_spec": SpecOptions(adaptive=adaptive, **(options or {}))}
+        if decode and a.pipeline_depth is not None:
+            pipeline = next(f for f in self.decode_features if f.name == "pipeline")
+            feature_options["pipeline"] = pipeline.options(depth=a.pipeline_depth)
+        plan = plan_composition(self.platform, feats, enabled=enabled, options=feature_options, model=str(self.src))
         engine = plan.assembly.build_engine(cfg, load_checkpoint=self.loader.load)
         engine.features = plan.table
         engine.spec_stats = SpecStats()
@@ -197,6 +200,9 @@ def main(argv=None) -> dict:
                       ("cap", float), ("big_c", int), ("deadline", float), ("reps", int)):
         ap.add_argument(f"--{name.replace('_', '-')}", type=typ, default=None, help="(preset's value)")
     ap.add_argument("--budget", type=int, default=8192, help="max_num_batched_tokens")
+    ap.add_argument("--pipeline-depth", type=int, default=None,
+                    help="rlt-decode's --pipeline-depth for every default-build engine (default: its own); overlapped "
+                         "chains read verdicts this many steps late")
     ap.add_argument("--work-dir")
     ap.add_argument("--out-dir", default="benchmarks/results/spec-latest")
     args = ap.parse_args(argv)
