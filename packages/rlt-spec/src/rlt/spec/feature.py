@@ -40,13 +40,14 @@ from rlt.spec.verify import SpeculativeSampler
 #: a speculative step's cost in plain decode steps where plain steps replay CUDA graphs and are pipelined.
 #: Speculative steps replay the same graphs but are host-synchronous (the host reads drafts and verdicts
 #: before planning the next step) and add an LM head over the rows reaching depth d or D. MEASURED (H200,
-#: Ouro-1.4B shapes, bf16, C = 1, benchmarks/results/h200-20261204-lease6): synchronous rounds took
-#: 1.72-2.15 ms per step against 1.42 ms for a plain step, 1.21-1.51x, median 1.3.
-GRAPH_STEP_COST = 1.3
+#: Ouro-1.4B shapes, bf16, C = 1, benchmarks/results/h200-20261204-lease6, call h, after adaptive K stopped
+#: recomputing its rule at every call): synchronous rounds took 1.57-1.73 ms per step against 1.41 ms for a
+#: plain step, 1.11-1.23x (call a, before: 1.21-1.51x).
+GRAPH_STEP_COST = 1.2
 #: the same for overlapped rounds with rlt-decode's pipeline: chain steps are lagged like plain ones (the
 #: host reads their drafts and verdicts steps later) and add only the LM head over the rows reaching depth
-#: d or D and its sampling. MEASURED there: 1.08-1.15x at d = 2 (1.53-1.64 ms); 1.22-1.43x at d = 1, where
-#: every step has a draft reaching its exit (the value is the d = 2 one: d = 1 drafts gain more per step,
+#: d or D and its sampling. MEASURED there: 1.06x at d = 2 (1.49-1.50 ms); 1.12-1.16x at d = 1, where every
+#: step has a draft reaching its exit (the value rounds up the d = 2 one: d = 1 drafts gain more per step,
 #: so the lower cost only makes adaptive K slightly more willing there).
 LAGGED_STEP_COST = 1.1
 
