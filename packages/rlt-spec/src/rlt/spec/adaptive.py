@@ -22,10 +22,12 @@ starting from a prior of weight 2 at ``initial_acceptance``. The counts decay by
 ``1 / (1 - decay)`` drafts in both modes: a synchronous round judges up to K drafts, a chain's
 verdict one. (Decaying per verdict made a chain's window ten drafts: at a = 0.79 the estimate
 fell below break-even often enough that the request spent whole probe intervals decoding plainly
-— 3.34 steps per token against 2.84 for fixed K on the H200, lease 6.) A request at K = 0 learns nothing,
-so every ``probe_interval * max(1, step_cost)`` plain tokens it runs one round with K = 1 to
-re-measure (the interval grows with the cost of a speculative step, so probing costs about the
-same share of time), unless no K would pay even at full acceptance (then it never probes).
+— 3.34 steps per token against 2.84 for fixed K on the H200, lease 6.)
+
+A request at K = 0 learns nothing, so every ``probe_interval * max(1, step_cost)`` plain tokens
+it runs one round with K = 1 to re-measure (the interval grows with the cost of a speculative
+step, so probing costs about the same share of time), unless no K would pay even at full
+acceptance (then it never probes).
 
 This module owns the per-request estimate; it knows nothing of rows or devices.
 """
@@ -142,7 +144,7 @@ class AcceptanceTracker:
                                        self.step_cost, self.lag)
 
     def current_k(self) -> int:
-        """The rule's K for the current estimate (no probing, no side effects)."""
+        """The rule's K for the current estimate (no probing; memoised until the next update)."""
         if not self.adaptive:
             return self.k_max
         if self._k is None:
