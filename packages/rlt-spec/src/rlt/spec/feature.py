@@ -9,8 +9,9 @@ rounds (chains: the next round drafts while the current one verifies, in the sam
 Refused at startup, naming the setting: the SHARED KV layout (a draft's loops would overwrite the
 only KV plane, so rejected drafts could not be rolled back by frontier), an engine default
 ``draft_loops`` not below the model's loops, an engine default that speculates every request
-while adaptive exit is the default, and rlt-kvcache's prefix cache and preemption (not
-round-aware; :data:`UNVERIFIED_WITH` says why).
+while adaptive exit is the default, and rlt-kvcache's preemption (not round-aware:
+:data:`UNVERIFIED_WITH` says why). rlt-kvcache's prefix cache composes: it shares only prompt pages
+with every plane written, and rounds write past the prompt in the request's own pages.
 
 With rlt-decode installed, its features compose through the platform's interfaces alone: every
 speculative row is a one-token decode row with its own state-table entry (``Row.static_decode``,
@@ -53,7 +54,6 @@ LAGGED_STEP_COST = 1.1
 
 #: features whose combination with self_spec is refused at composition, with the reason
 UNVERIFIED_WITH = {
-    "prefix_cache": "not verified with rlt-kvcache's prefix cache (rounds grow KV beyond shared prompt blocks)",
     "preemption": "a preempted request's round state and draft hidden states are not restored",
 }
 
