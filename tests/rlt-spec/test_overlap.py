@@ -189,3 +189,20 @@ def test_lag_adds_its_steps_to_every_rejection():
     # a lag that makes rejections costly enough turns speculation off at moderate acceptance
     assert best_k(0.5, 8, 2, 4, 0.05, overlap=True, lag=0) > 0
     assert best_k(0.5, 8, 2, 4, 0.05, overlap=True, lag=4) == 0
+
+
+def test_verdict_lag_follows_the_composition():
+    """Chains are read back with rlt-decode's pipeline depth when its static buffers and pipeline are
+    on, and at once otherwise — also with rlt-kvcache's preemption, before which the pipeline drains."""
+    from types import SimpleNamespace
+
+    from rlt.spec.feature import verdict_lag
+
+    def lag(*names, depth=3):
+        opts = {n: SimpleNamespace(depth=depth) if n == "pipeline" else object() for n in names}
+        return verdict_lag(SimpleNamespace(feature_options=opts))
+
+    assert lag("static_buffers", "pipeline") == 3
+    assert lag("static_buffers", "pipeline", depth=1) == 1
+    assert lag("pipeline") == 0 and lag("static_buffers") == 0
+    assert lag("static_buffers", "pipeline", "preemption") == 0

@@ -6,9 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlt.platform import SamplingParams
-from rlt.platform.engine.assembly import CompositionError
 from rlt.platform.errors import ConfigError, InvalidRequestError
-from rlt.platform.features import Feature
 from rlt.spec.feature import SpecOptions, features
 from spec_helpers import drain, spec_engine
 
@@ -77,22 +75,6 @@ def test_options_are_checked():
         SpecOptions(step_cost=0.0)
     with pytest.raises(ConfigError, match="--self-spec-max-running"):
         SpecOptions(max_running=-1)
-
-
-def test_unverified_combinations_are_refused_at_composition(spec_checkpoints):
-    from rlt.platform import EngineConfig
-    from rlt.platform.composition import build_engine
-
-    fakes = [Feature(name=n, package="rlt-kvcache", description="stand-in", install=lambda b, o: None)
-             for n in ("preemption", "prefix_cache")]
-    with pytest.raises(CompositionError, match="preemption") as err:
-        build_engine(EngineConfig(model=str(spec_checkpoints[0]), dtype="float32"),
-                     features=[*features(), *fakes], enabled={"self_spec": True, "preemption": True,
-                                                              "prefix_cache": True})
-    assert "--no-preemption" in str(err.value)
-    assert "prefix" not in str(err.value)  # the prefix cache composes (tests/integration/test_spec_prefix_cache.py)
-    build_engine(EngineConfig(model=str(spec_checkpoints[0]), dtype="float32"),
-                 features=[*features(), *fakes], enabled={"self_spec": True, "prefix_cache": True, "preemption": False})
 
 
 def test_feature_table(spec_checkpoints):

@@ -89,6 +89,13 @@ class KVCacheManager:
         """Blocks available to a new owner: free now plus cached pages held only by the index."""
         return self.pool.num_free + (self.index.evictable_blocks if self.index else 0)
 
+    def _available(self) -> int:
+        """Blocks :meth:`_take` can hand out now: ``num_free``, less the cached pages while a step's
+        fence is open (an evicted page's blocks would wait in limbo until the step completes). Only
+        a component growing KV after the policy opened the step meets the difference (rlt-spec's
+        rounds): its growth then fails and the round waits, instead of the eviction running dry."""
+        return self.num_free if not self.pool.fenced else self.pool.num_free
+
     def planes_for(self, max_loops: int) -> int:
         return 1 if self.layout is KVLayout.SHARED else min(max_loops, self.num_planes)
 
@@ -195,7 +202,7 @@ class KVCacheManager:
             raise RuntimeError(f"prefix index changed between match ({cached_pages} pages) and admission")
         new_pages = max(0, self.pages_for(num_positions) - len(hits))
         claimed = sum(len(e.blocks) for e in hits if e.key in self.index.evictable) if hits else 0
-        if new_pages * planes + claimed + reserve > self.num_free:
+        if new_pages * planes + claimed + reserve > self._available():
             return False
         sp = SlotPages(planes, keys=keys, published=len(hits))
         for e in hits:
@@ -223,7 +230,7 @@ class KVCacheManager:
         need = self.growth_blocks(slot, num_positions)
         if need == 0:
             return True
-        if need > self.num_free:
+        if need > self._available():
             return False
         self._append_pages(slot, sp, self._take(need))
         return True

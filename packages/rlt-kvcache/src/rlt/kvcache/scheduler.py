@@ -280,8 +280,10 @@ class KVCacheScheduler(LoopScheduler):
         return c.at_boundary(req) if c.active(req) else self._rows[req].depth == 0
 
     def _eligible(self, exclude: set[Request]) -> list[Request]:
-        """Running requests that can be preempted now, worst first."""
-        out = [r for r in self._running if r not in exclude and r not in self._admitted_now and self._at_boundary(r)]
+        """Running requests that can be preempted now, worst first: at a boundary, and not held by a
+        feature whose per-request state preemption cannot save (``Request.preemption_holds``)."""
+        out = [r for r in self._running if r not in exclude and r not in self._admitted_now and self._at_boundary(r)
+               and not r.preemption_holds]
         return sorted(out, key=self.key, reverse=True)
 
     def _admission_victim(self, req: Request) -> Request | None:

@@ -9,9 +9,12 @@ rounds (chains: the next round drafts while the current one verifies, in the sam
 Refused at startup, naming the setting: the SHARED KV layout (a draft's loops would overwrite the
 only KV plane, so rejected drafts could not be rolled back by frontier), an engine default
 ``draft_loops`` not below the model's loops, an engine default that speculates every request
-while adaptive exit is the default, and rlt-kvcache's preemption (not round-aware:
-:data:`UNVERIFIED_WITH` says why). rlt-kvcache's prefix cache composes: it shares only prompt pages
-with every plane written, and rounds write past the prompt in the request's own pages.
+while adaptive exit is the default.
+
+rlt-kvcache composes: its prefix cache shares only prompt pages with every plane written, and
+rounds write past the prompt in the request's own pages; its preemption skips requests whose
+round or chain is open (the scheduler holds them: ``Request.preemption_holds``) and resumes the
+others from their recorded tokens.
 
 With rlt-decode installed, its features compose through the platform's interfaces alone: every
 speculative row is a one-token decode row with its own state-table entry (``Row.static_decode``,
@@ -51,12 +54,6 @@ GRAPH_STEP_COST = 1.2
 #: step has a draft reaching its exit (the value rounds up the d = 2 one: d = 1 drafts gain more per step,
 #: so the lower cost only makes adaptive K slightly more willing there).
 LAGGED_STEP_COST = 1.1
-
-#: features whose combination with self_spec is refused at composition, with the reason
-UNVERIFIED_WITH = {
-    "preemption": "a preempted request's round state and draft hidden states are not restored",
-}
-
 
 @attrs.frozen
 class SpecOptions:
@@ -140,17 +137,14 @@ def verdict_lag(ctx) -> int:
     f = ctx.feature_options
     if "static_buffers" not in f or "pipeline" not in f:
         return 0
+    if "preemption" in f:  # rlt-decode's pipeline drains before every plan then (docs/decode.md)
+        return 0
     return int(getattr(f["pipeline"], "depth", 0))
 
 
 def install(builder, options: SpecOptions) -> None:
     def scheduler(ctx, inner):
         # at build time: every enabled feature's options are known by then (install order is by name)
-        clash = sorted(set(ctx.feature_options) & set(UNVERIFIED_WITH))
-        if clash:
-            raise CompositionError("self_spec cannot be combined with " + "; ".join(
-                f"{name} ({UNVERIFIED_WITH[name]})" for name in clash) + ": disable one of them (" + ", ".join(
-                f"--no-{name.replace('_', '-')}" for name in clash) + ")")
         check_context(ctx, options)
         resolved = attrs.evolve(options, step_cost=options.resolved_step_cost(ctx.feature_options))
         return SpeculativeScheduler(inner, options=resolved, kv=ctx.parts.kv_manager, num_loops=ctx.num_loops,

@@ -29,6 +29,11 @@ Adaptive K also holds speculation off (no new rounds, no chain extensions) while
 ``max_running`` requests run (``--self-spec-max-running``): at large batches a decode step is no
 longer one weight read shared by every row, so the step-count rule does not hold there.
 
+While a request's round or chain is open it is held against preemption
+(``Request.preemption_holds``): its drafts and draft hidden states live only here and in the
+executor's state table, which a preempting policy cannot save; between rounds it is preemptible
+like any decode request (a swapped or recomputed request resumes from its recorded tokens).
+
 Per-request checks (:meth:`add`): speculation with adaptive exit, ``draft_loops`` not below the
 request's depth, K above the engine cap or the step budget are refused, naming the setting.
 """
@@ -47,6 +52,9 @@ from rlt.platform.engine.request import Request
 from rlt.platform.errors import InvalidRequestError
 from rlt.spec.adaptive import AcceptanceTracker
 from rlt.spec.rows import CHAIN, DRAFT, ON_DEVICE, PLAIN, VERIFY, ChainRow, DraftRow, VerifyRow, ring_entry, row_column
+
+#: this feature's name in ``Request.preemption_holds``
+HOLD = "self_spec"
 
 
 @attrs.define(eq=False)
@@ -141,7 +149,19 @@ class SpeculativeScheduler(Wrapped):
         self.rounds.pop(request, None)
         self.chains.pop(request, None)
         self.trackers.pop(request, None)
+        request.preemption_holds.discard(HOLD)
         self.inner.finish(request)
+
+    def _hold(self, request: Request) -> None:
+        """Hold the request against preemption while its round or chain is open (module docstring);
+        a chain with no rows left and every verdict read has ended (nothing of it is in flight)."""
+        chain = self.chains.get(request)
+        if chain is not None and not chain.rows and not chain.unconfirmed:
+            del self.chains[request]
+        if request in self.rounds or request in self.chains:
+            request.preemption_holds.add(HOLD)
+        else:
+            request.preemption_holds.discard(HOLD)
 
     def acceptance(self, request: Request) -> AcceptanceTracker | None:
         return self.trackers.get(request)
@@ -183,6 +203,7 @@ class SpeculativeScheduler(Wrapped):
                 rnd = self._start(row, tracker, self.budget - used + 1)
                 if rnd is not None:
                     self.rounds[row.request] = rnd
+                    self._hold(row.request)
             if rnd is not None:
                 used += len(rnd.rows) - row.length
             out.append(row if rnd is None else rnd)
@@ -201,6 +222,7 @@ class SpeculativeScheduler(Wrapped):
             if chain.unconfirmed:
                 return []
             del self.chains[req]
+            self._hold(req)
             chain = None
         if chain is None:
             if not allowed or row.depth != 0 or row.in_prompt or row.length != 1:
@@ -212,6 +234,7 @@ class SpeculativeScheduler(Wrapped):
                                          draft_loops=tracker.draft_loops, state=self._entry(row.slot, row.start),
                                          chain=self._chain_ids, first=True)], id=self._chain_ids)
             self.chains[req] = chain
+            self._hold(req)
         chain.plain = row
         last = chain.rows[-1]
         n = len(chain.rows)
@@ -285,12 +308,14 @@ class SpeculativeScheduler(Wrapped):
             head = next(i for i in idx if rows[i].index == 0)  # the round's tokens are reported here
             self.trackers[req].update(rows[head].num_drafts, int(off[head + 1] - off[head]) - 1)
             del self.rounds[req]
+            self._hold(req)
             keep.append(head)
             inner_rows.append(rnd.plain)
         for req, at in chained.items():
             chain = self.chains.get(req)
             if chain is not None:
                 self._move_chain(chain, at, result)
+                self._hold(req)
         idx = np.asarray(keep, np.int64)
         if lagged:  # the shape: plain rows' tokens are counted, not known
             tokens = np.zeros(0, np.int64)
@@ -332,14 +357,14 @@ class SpeculativeScheduler(Wrapped):
                 continue  # the row of a chain that already ended
             chain.unconfirmed -= 1
             lo, hi = int(off[i]), int(off[i + 1])
-            if req in done or req.finished or hi == lo:
-                continue
-            ok = bool(result.accepted[i])
-            self.trackers[req].update(1, int(ok))
-            self.inner.advance([chain.plain], StepResult(np.ones(1, bool), np.ones(1, np.int64),
-                                                         result.token_ids[lo:hi]), done)
-            if not ok:
-                del self.chains[req]
+            if not (req in done or req.finished or hi == lo):
+                ok = bool(result.accepted[i])
+                self.trackers[req].update(1, int(ok))
+                self.inner.advance([chain.plain], StepResult(np.ones(1, bool), np.ones(1, np.int64),
+                                                             result.token_ids[lo:hi]), done)
+                if not ok:
+                    del self.chains[req]
+            self._hold(req)
 
     def _after_draft(self, row: DraftRow, rnd: Round, token: int) -> list[Row]:
         """The round's next rows after a draft row reached depth d: the next draft row, or (after the

@@ -61,6 +61,10 @@ class Request:
     #: tokens sampled on the device by launched steps whose values the host has not read yet (a
     #: pipelined step loop reads them with a lag); they count as produced for positions and seeds
     num_pending: int = 0
+    #: names of features holding per-request state across steps that preemption cannot save (an open
+    #: speculative round: its drafts and draft hidden states): a preempting scheduler policy skips
+    #: the request while this is not empty
+    preemption_holds: set[str] = attrs.field(factory=set)
 
     @property
     def num_prompt(self) -> int:
