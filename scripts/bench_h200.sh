@@ -11,8 +11,10 @@
 #      torch-profiler views of C=1 and C=64 decode steps.
 # Writes results.json, results.md, profile.json, profile_summary.md, log.txt, probe.txt and
 # nvidia-smi.txt into $OUT. MODELS="ouro-2.6b nanbeige4.2-3b huginn-0125 huginn-0125-r4" runs C=1, C=64
-# decode and an 8K prefill for each named model instead (FEATURES="--feature-module rlt.decode.feature"
-# adds rlt-decode). FIXED_DEPTH=1 runs only the headline workloads with --fixed-depth (auto may
+# decode and an 8K prefill for each named model instead. FEATURES adds feature packages to every run
+# (default: none, the base engine), e.g. FEATURES="--feature-module rlt.decode.feature --no-sync-steps"
+# for rlt-decode (what scripts/decode_h200.sh runs; the pipeline needs --no-sync-steps to overlap).
+# FIXED_DEPTH=1 runs only the headline workloads with --fixed-depth (auto may
 # then choose FlashAttention, e.g. FA4 when its wheels are installed; Triton is the fallback).
 #
 # Sizing (what was cut to fit a ~5-minute device slot; each cut is recorded in results.json):
@@ -27,7 +29,7 @@ set -uo pipefail
 OUT=${OUT:-benchmarks/results/h200-$(date +%Y%m%d)}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-export PYTHONPATH=packages/rlt-platform/src:packages/rlt-attention/src:apps/server/src:.${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=packages/rlt-platform/src:packages/rlt-attention/src:packages/rlt-decode/src:packages/rlt-prefill/src:apps/server/src:.${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
 T0=$(date +%s)
 
@@ -84,7 +86,7 @@ else
        --baseline dense:c=64,in=1024,out=32
        --profile c=1,in=1024 --profile c=64,in=1024)
 fi
-$PY -m benchmarks.offline_bench "${COMMON[@]}" "${RUN[@]}" 2>&1 | tee "$OUT/log.txt"
+$PY -m benchmarks.offline_bench "${COMMON[@]}" "${RUN[@]}" ${FEATURES:-} 2>&1 | tee "$OUT/log.txt"
 rc=${PIPESTATUS[0]}
 echo "bench_h200.sh: exit $rc after $(( $(date +%s) - T0 )) s; results in $OUT"
 exit "$rc"
