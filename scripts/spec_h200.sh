@@ -12,7 +12,7 @@ set -uo pipefail
 OUT=${OUT:?set OUT}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-export PYTHONPATH=packages/rlt-platform/src:packages/rlt-attention/src:packages/rlt-decode/src:packages/rlt-spec/src:apps/server/src:.${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=packages/rlt-platform/src:packages/rlt-attention/src:packages/rlt-decode/src:packages/rlt-spec/src:packages/rlt-kvcache/src:apps/server/src:.${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
   $PY -c 'from benchmarks.report import source_fingerprint as f; print("source", f())'; } > "$OUT/env.txt" 2>&1

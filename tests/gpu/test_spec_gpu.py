@@ -1,8 +1,9 @@
 """GPU: self-speculation (rlt-spec), synchronous and overlapped rounds, with the Triton backend —
 fp32 greedy token-identical to plain decoding for every K in 1..8 and d in 1..3, mixed with plain
 requests, in the eager build and composed with rlt-decode (static buffers, CUDA graphs — replayed
-for speculative steps too —, pipeline); bf16 greedy agreement on a controlled-acceptance checkpoint
-reported with the first-token logprob gap of disagreements."""
+for speculative steps too —, pipeline), and with rlt-kvcache's prefix cache and preemption; bf16
+greedy agreement on a controlled-acceptance checkpoint reported with the first-token logprob gap of
+disagreements."""
 
 from __future__ import annotations
 
@@ -99,3 +100,37 @@ def test_spec_bf16_agreement_report(tmp_path, overlap, decode):
           f"{equal}/{len(reqs)}; first divergences "
           f"(request, position, logprob gap): {gaps}")
     assert equal >= len(reqs) // 2, gaps  # bf16 rounding may flip near-ties, not most requests
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlapped"])
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_spec_with_prefix_cache_and_preemption_on_gpu(tiny_checkpoint, tmp_path, overlap, mode):
+    """rlt-kvcache's prefix cache and preemption (a KV pool too small for every request) with
+    speculation and rlt-decode's graphs: fp32 greedy = plain decoding of the base engine; speculating
+    requests are preempted between rounds and resume (tests/integration/test_spec_kvcache.py on CPU)."""
+    from rlt.decode.feature import FEATURES as DECODE
+    from rlt.kvcache.feature import FEATURES as KVCACHE
+    from rlt.kvcache.options import PreemptionOptions, PrefixCacheOptions
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    path = scale_loop_updates(tiny_checkpoint(seed=61), tmp_path / "ck", 0.03)
+    shared = [7, 19, 33, 41, 5, 88, 101, 12, 60, 71, 9, 14, 250, 3, 17, 99]
+    rng = random.Random(4)
+    reqs = [(f"r{i}", shared + [rng.randrange(3, 320) for _ in range(rng.randint(1, 9))],
+             SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True,
+                            speculation=None if i % 3 == 1 else {"num_tokens": 2 + i % 4, "draft_loops": 1 + i % 3}))
+            for i in range(8)]
+    want = _run(_engine(path, False, "float32"), reqs)
+    cfg = EngineConfig(model=str(path), dtype="float32", device="cuda", attention_backend="triton", block_size=4,
+                       num_kv_blocks=48, max_num_seqs=6)
+    engine = build_engine(cfg, features=features() + DECODE + KVCACHE,
+                          enabled={"self_spec": True, "async_self_spec": overlap, "prefix_cache": True,
+                                   "preemption": True},
+                          options={"self_spec": SpecOptions(adaptive=False), "prefix_cache": PrefixCacheOptions(),
+                                   "preemption": PreemptionOptions(mode=mode, watermark=0.0)})
+    got = _run(engine, reqs)
+    for rid, _, _ in reqs:
+        assert list(got[rid].token_ids) == list(want[rid].token_ids), rid
+    metrics = {m.name: m.value for m in engine.stats().feature_metrics}
+    assert metrics["prefix_cache_hit_tokens"] > 0 and metrics["kv_preemptions"] > 0, metrics
+    engine.ctx.parts.kv_manager.audit()
