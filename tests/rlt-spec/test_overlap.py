@@ -206,3 +206,22 @@ def test_verdict_lag_follows_the_composition():
     assert lag("static_buffers", "pipeline", depth=1) == 1
     assert lag("pipeline") == 0 and lag("static_buffers") == 0
     assert lag("static_buffers", "pipeline", "preemption") == 0
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlapped"])
+def test_speculation_counters_reach_the_engine_metrics(spec_checkpoints, overlap):
+    """The scheduler's totals (``rlt:spec_*`` on /metrics) count what a step observer counts."""
+    from rlt.spec.stats import SpecStats
+
+    engine = spec_engine(spec_checkpoints[1], overlap=overlap)
+    seen = SpecStats()
+    engine.add_observer(seen)
+    reqs = [(f"r{i}", [5 + i, 17, 40 + i, 9], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
+                                                         speculation={"num_tokens": 2 + i, "draft_loops": 1 + i % 2}))
+            for i in range(3)]
+    drain(engine, reqs)
+    m = {x.name: x for x in engine.stats().feature_metrics}
+    assert seen.rounds > 0 and seen.accepted > 0
+    assert (m["spec_rounds"].value, m["spec_draft_tokens"].value, m["spec_accepted_tokens"].value,
+            m["spec_rejections"].value) == (seen.rounds, seen.drafted, seen.accepted, seen.rejected)
+    assert m["spec_acceptance"].value == pytest.approx(seen.acceptance) and m["spec_acceptance"].kind == "gauge"

@@ -15,6 +15,7 @@ import pytest
 from rlt.platform import EngineConfig, SamplingParams
 from rlt.platform.engine.llm import LLM
 
+from conftest import scrape
 from test_serve_errors import check_error
 
 MAX_TOKENS = 20
@@ -67,6 +68,11 @@ def test_speculating_requests_over_http_equal_plain_decoding(spec_server, tiny_m
     assert info["stats"]["engine_description_live"]
     steps = info["engine"]["executor"]["steps"]  # as of now, not the startup snapshot
     assert steps.get("lagged_with_feature_rows", 0) > 0, steps  # chains read back lagged
+    m = scrape(spec_server.url)  # the speculation counters on /metrics
+    label = '{model_name="tiny"}'
+    drafted, accepted = m[f"rlt:spec_draft_tokens_total{label}"], m[f"rlt:spec_accepted_tokens_total{label}"]
+    assert drafted > 0 and 0 <= accepted <= drafted and m[f"rlt:spec_rounds_total{label}"] > 0
+    assert 0.0 <= m[f"rlt:spec_acceptance{label}"] <= 1.0
 
 
 @pytest.mark.parametrize("speculation,extra,param", [

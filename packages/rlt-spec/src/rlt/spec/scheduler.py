@@ -51,6 +51,7 @@ from rlt.platform.engine.interfaces import Row, StepPlan, StepResult, Wrapped
 from rlt.platform.engine.request import Request
 from rlt.platform.errors import InvalidRequestError
 from rlt.spec.adaptive import AcceptanceTracker
+from rlt.spec.stats import SpecStats
 from rlt.spec.rows import CHAIN, DRAFT, ON_DEVICE, PLAIN, VERIFY, ChainRow, DraftRow, VerifyRow, ring_entry, row_column
 
 #: this feature's name in ``Request.preemption_holds``
@@ -94,6 +95,8 @@ class SpeculativeScheduler(Wrapped):
         self.rounds: "weakref.WeakKeyDictionary[Request, Round]" = weakref.WeakKeyDictionary()
         self.chains: "weakref.WeakKeyDictionary[Request, Chain]" = weakref.WeakKeyDictionary()
         self._chain_ids = 0
+        #: every verified round of every request (``/metrics``: :meth:`feature_metrics`)
+        self.totals = SpecStats()
 
     @property
     def max_decode_rows(self) -> int:
@@ -165,6 +168,12 @@ class SpeculativeScheduler(Wrapped):
 
     def acceptance(self, request: Request) -> AcceptanceTracker | None:
         return self.trackers.get(request)
+
+    def feature_metrics(self) -> list:
+        """Speculation counters (``rlt:spec_*``: rounds, draft and accepted tokens, rejections, and the
+        per-draft acceptance), then the inner policy's."""
+        inner = getattr(self.inner, "feature_metrics", None)
+        return self.totals.metrics() + (list(inner()) if callable(inner) else [])
 
     # -- steps ---------------------------------------------------------------------------------
     def speculation_allowed(self) -> bool:
@@ -286,6 +295,8 @@ class SpeculativeScheduler(Wrapped):
                 keep.append(i)
                 inner_rows.append(row)
                 continue
+            if role[i] == VERIFY and row.index == 0 and off[i + 1] > off[i]:  # a round verified (its tokens)
+                self.totals.add_round(row.num_drafts, int(off[i + 1] - off[i]) - 1)
             if req in done:  # finished in this step: it owns no rows any more
                 continue
             if role[i] == CHAIN:
@@ -324,7 +335,7 @@ class SpeculativeScheduler(Wrapped):
             tokens = result.token_ids[tok.astype(np.int64)]
         self.inner.advance(inner_rows, StepResult(result.exited[idx], result.num_tokens[idx], tokens,
                                                   exit_latency=result.exit_latency), done)
-        if chained and not lagged:
+        if not lagged and (role == CHAIN).any():  # also the last checks of requests done in this step
             self._verdicts(rows, result, done)
 
     def on_result(self, rows: Sequence[Row], result: StepResult, done: set[Request]) -> None:
@@ -352,12 +363,14 @@ class SpeculativeScheduler(Wrapped):
             if getattr(row, "role", PLAIN) != CHAIN or not result.exited[i]:
                 continue
             req = row.request
+            lo, hi = int(off[i]), int(off[i + 1])
+            if hi > lo:  # a valid check (rows behind an unread rejection yield none)
+                self.totals.add_round(1, int(result.accepted[i]))
             chain = self.chains.get(req)
             if chain is None or chain.id != row.chain:
                 continue  # the row of a chain that already ended
             chain.unconfirmed -= 1
-            lo, hi = int(off[i]), int(off[i + 1])
-            if not (req in done or req.finished or hi == lo):
+            if hi > lo and not (req in done or req.finished):
                 ok = bool(result.accepted[i])
                 self.trackers[req].update(1, int(ok))
                 self.inner.advance([chain.plain], StepResult(np.ones(1, bool), np.ones(1, np.int64),

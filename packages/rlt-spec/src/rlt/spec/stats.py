@@ -6,8 +6,10 @@ over accepted drafts plus rejections — the chance that a draft is accepted whe
 before it in its round was. ``accepted_fraction`` (accepted over all drafts made) is lower for
 synchronous rounds: the drafts after a round's first rejection are made but never judged.
 
-Reads each step's rows and result only (never modifies them); benchmarks and tests register it
-with ``engine.add_observer``.
+As a step observer (:meth:`on_step`) it reads each step's rows and result only (never modifies
+them); benchmarks and tests register it with ``engine.add_observer``. The speculating scheduler
+keeps one too, fed round by round (:meth:`add_round`), and reports it for ``/metrics``
+(:meth:`metrics`: ``rlt:spec_*``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from rlt.platform.engine.interfaces import FeatureMetric
 from rlt.spec.rows import CHAIN, VERIFY, row_column
 
 
@@ -39,6 +42,27 @@ class SpecStats:
 
     def reset(self) -> None:
         self.rounds = self.drafted = self.accepted = self.rejected = self.steps = 0
+
+    def add_round(self, num_drafts: int, num_accepted: int) -> None:
+        """One verified round (a chain row's check: one draft) that kept ``num_accepted`` drafts."""
+        self.rounds += 1
+        self.drafted += num_drafts
+        self.accepted += num_accepted
+        self.rejected += int(num_accepted < num_drafts)
+
+    def metrics(self) -> list[FeatureMetric]:
+        """The counts as ``FeatureMetric`` (``/metrics``: ``rlt:spec_*``), vLLM's spec-decode counters' kind."""
+        judged = self.accepted + self.rejected
+        return [
+            FeatureMetric("spec_rounds", self.rounds,
+                          "Speculative rounds verified (a chain row's check: a round of one draft)."),
+            FeatureMetric("spec_draft_tokens", self.drafted, "Draft tokens made by verified rounds."),
+            FeatureMetric("spec_accepted_tokens", self.accepted, "Draft tokens accepted (kept) by verification."),
+            FeatureMetric("spec_rejections", self.rejected, "Verified rounds that rejected a draft."),
+            FeatureMetric("spec_acceptance", self.accepted / judged if judged else 0.0,
+                          "Per-draft acceptance so far: accepted / (accepted + rejections); 0 before any round.",
+                          kind="gauge"),
+        ]
 
     def on_step(self, batch, result) -> None:
         self.steps += 1
