@@ -99,7 +99,11 @@ def test_step_cost_default_follows_the_composition():
     assert SpecOptions(step_cost=2.0).resolved_step_cost({"graphs"}) == 2.0
     from rlt.spec.feature import LAGGED_STEP_COST
 
-    assert SpecOptions().resolved_step_cost({"self_spec", "async_self_spec", "graphs", "pipeline"}) == LAGGED_STEP_COST
+    assert SpecOptions().resolved_step_cost({"self_spec", "async_self_spec", "static_buffers", "graphs",
+                                             "pipeline"}) == LAGGED_STEP_COST
+    # with preemption the pipeline drains before every plan: chains are read at once, like rounds
+    assert SpecOptions().resolved_step_cost({"self_spec", "async_self_spec", "static_buffers", "graphs", "pipeline",
+                                             "preemption"}) == GRAPH_STEP_COST
     assert SpecOptions().resolved_step_cost({"self_spec", "async_self_spec", "graphs"}) == GRAPH_STEP_COST
     # at the graph default overlapped d = 1 pays at high acceptance and not at low (Ouro's 4 loops)
     assert best_k(0.95, 8, 1, 4, 0.05, overlap=True, step_cost=GRAPH_STEP_COST) > 0

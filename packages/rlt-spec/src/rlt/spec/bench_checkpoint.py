@@ -13,8 +13,9 @@ that varies across channels, each loop multiplies the state by ``w`` once more, 
 depth-``D`` states differ by ``w^(D-d)`` whatever the scale (measured: per-draft acceptance at
 d = 2 plateaued at 0.70-0.81 on the H200 for scales 0.002 to 0.0001, and at 0.744 on CPU for
 1e-4 and 1e-6 alike); a constant weight makes the norm idempotent. The acceptance a scale gives
-is measured by the benchmark (``benchmarks/spec_bench.py``), not assumed. :func:`scale_weights` does the same to weights in
-memory (the benchmark scales a loaded checkpoint instead of writing one per scale).
+is measured by the benchmark (``benchmarks/spec_bench.py``), not assumed. :func:`scale_weights`
+does the same to weights in memory (the benchmark scales a loaded checkpoint instead of writing one
+per scale).
 
 Writes files (config, tokenizer files copied; weights rewritten) or returns new weight dicts;
 touches no engine.

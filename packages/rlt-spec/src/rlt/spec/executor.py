@@ -193,8 +193,7 @@ class SpeculativeExecutor(EagerExecutor):
                                                             np.int64, len(on_dev))))
         changes = {"fixed_exit": b.fixed_exit & ~spec, "samples": b.samples & ~spec}
         if b.adaptive.any():  # the gate decides for plain rows only
-            spec_dev = torch.from_numpy(spec).to(self.device)
-            changes["max_loops"] = torch.where(spec_dev, _NEVER_EXIT, b.max_loops)
+            changes["max_loops"] = torch.where(self._dev(spec), _NEVER_EXIT, b.max_loops)
         try:
             base = super().execute(attrs.evolve(b, **changes)).result()
             last = self._last

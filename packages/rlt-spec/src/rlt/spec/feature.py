@@ -105,7 +105,7 @@ class SpecOptions:
             return self.step_cost
         if "graphs" not in enabled_features:
             return 1.0
-        lagged = "async_self_spec" in enabled_features and "pipeline" in enabled_features
+        lagged = "async_self_spec" in enabled_features and chains_lagged(enabled_features)
         return LAGGED_STEP_COST if lagged else GRAPH_STEP_COST
 
     def resolved_draft_loops(self, num_loops: int) -> int:
@@ -130,16 +130,17 @@ def check_context(ctx, options: SpecOptions) -> None:
                           f"exit_threshold is {ctx.default_threshold} (adaptive exit); speculation needs fixed depth")
 
 
+def chains_lagged(features) -> bool:
+    """Whether overlapped chains' steps are read back lagged in this composition (names of enabled
+    features): with rlt-decode's static buffers and pipeline, unless rlt-kvcache's preemption is on
+    (the pipeline then drains before every plan, docs/decode.md). Nothing here imports rlt.decode."""
+    return "static_buffers" in features and "pipeline" in features and "preemption" not in features
+
+
 def verdict_lag(ctx) -> int:
-    """Steps until a chain's verdict is read: rlt-decode's pipeline depth when its static buffers
-    and pipeline are on (chain steps are then lagged), else 0. Read from the composition's options
-    by name — nothing here imports rlt.decode."""
+    """Steps until a chain's verdict is read: rlt-decode's pipeline depth when chains are lagged, else 0."""
     f = ctx.feature_options
-    if "static_buffers" not in f or "pipeline" not in f:
-        return 0
-    if "preemption" in f:  # rlt-decode's pipeline drains before every plan then (docs/decode.md)
-        return 0
-    return int(getattr(f["pipeline"], "depth", 0))
+    return int(getattr(f["pipeline"], "depth", 0)) if chains_lagged(f) else 0
 
 
 def install(builder, options: SpecOptions) -> None:

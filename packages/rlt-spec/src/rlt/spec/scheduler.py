@@ -51,8 +51,8 @@ from rlt.platform.engine.interfaces import Row, StepPlan, StepResult, Wrapped
 from rlt.platform.engine.request import Request
 from rlt.platform.errors import InvalidRequestError
 from rlt.spec.adaptive import AcceptanceTracker
-from rlt.spec.stats import SpecStats
 from rlt.spec.rows import CHAIN, DRAFT, ON_DEVICE, PLAIN, VERIFY, ChainRow, DraftRow, VerifyRow, ring_entry, row_column
+from rlt.spec.stats import SpecStats
 
 #: this feature's name in ``Request.preemption_holds``
 HOLD = "self_spec"
@@ -227,12 +227,8 @@ class SpeculativeScheduler(Wrapped):
         only when they are read)."""
         req = row.request
         chain = self.chains.get(req)
-        if chain is not None and not chain.rows:
-            if chain.unconfirmed:
-                return []
-            del self.chains[req]
-            self._hold(req)
-            chain = None
+        if chain is not None and not chain.rows:  # verdicts in flight (an ended chain is gone: _hold)
+            return []
         if chain is None:
             if not allowed or row.depth != 0 or row.in_prompt or row.length != 1:
                 return [row]

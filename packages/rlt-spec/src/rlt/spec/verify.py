@@ -151,14 +151,18 @@ class SpeculativeSampler(Wrapped):
         dev = raw.device
         # Each row keeps its positions up to and including its first non-accepted one.
         n = len(row_of)
-        local = to_device(np.arange(n) - np.searchsorted(row_of, row_of), dev)
-        row_dev = to_device(row_of, dev)
+        local = np.arange(n) - np.searchsorted(row_of, row_of)
         first = torch.full((num_rows,), n, dtype=torch.int64, device=dev)
-        first.scatter_reduce_(0, row_dev, torch.where(accept, n, local), reduce="amin")
-        keep = local <= first[row_dev]
-        tokens = emitted[keep]
-        lp, top_ids, top_lp = (None if t is None else t.cpu().numpy() for t in self._logprobs(sb, raw[keep], tokens))
-        return Verified((first + 1).cpu().numpy(), tokens.cpu().numpy(), lp, top_ids, top_lp)
+        first.scatter_reduce_(0, to_device(row_of, dev), torch.where(accept, n, to_device(local, dev)), reduce="amin")
+        host = torch.cat([first + 1, emitted]).cpu().numpy()  # one readback: tokens per row, every position's token
+        counts = host[:num_rows]
+        keep = local < counts[row_of]
+        lp = top_ids = top_lp = None
+        if sb.max_logprobs >= 0:  # only then the kept positions' rows go back to the device
+            at = to_device(np.nonzero(keep)[0], dev)
+            lp, top_ids, top_lp = (None if t is None else t.cpu().numpy()
+                                   for t in self._logprobs(sb, raw[at], emitted[at]))
+        return Verified(counts, host[num_rows:][keep], lp, top_ids, top_lp)
 
     @torch.inference_mode()
     def check(self, logits: torch.Tensor, slots: np.ndarray, offsets: np.ndarray, drafts: torch.Tensor,
