@@ -7,7 +7,9 @@ Two parts, each timed as CUDA-graph replays of a sequence of calls over distinct
   (cuBLAS ``F.linear`` plus the separate RoPE / KV-store / SiLU kernels), for the Ouro-1.4B layer
   shapes at several row counts, with a tile sweep; reports us per call and achieved GB/s of weight
   traffic, and checks each fused result against the unfused one; the plain projections (o_proj,
-  down_proj, LM head) are timed on cuBLAS for the per-layer accounting.
+  down_proj, LM head) are timed on cuBLAS for the per-layer accounting, and o_proj / down_proj also with
+  the add_norm_norm that consumes them: cuBLAS + the plain kernel against split-K pieces summed inside it
+  (``linear_split_k``), at the default plan and over a plan sweep.
 * ``attention`` — the Triton paged decode kernel per layer at C rows x context, for split policies
   (``min_keys_per_split``) and split tile sizes, with slots resolved once per step (``prepare``) or
   per call; reports us per layer against the KV byte floor.
@@ -31,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from rlt.platform.models import fused_linear as fl
-from rlt.platform.models.fused_ops import rope_qk_, silu_mul
+from rlt.platform.models.fused_ops import add_norm_norm, rope_qk_, silu_mul
 from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
 
 #: Ouro-1.4B (hidden 2048, intermediate 5632, 16 x 128 MHA heads, vocab 49152).
@@ -88,11 +90,14 @@ def _sweep_tiles(m: int, two: bool) -> list[fl.Tiles]:
     return out
 
 
-def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, budget_bytes: int = 256 << 20) -> list[dict]:
+def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, budget_bytes: int = 256 << 20,
+                 shapes: tuple[str, ...] = tuple(SHAPES)) -> list[dict]:
     dev = torch.device("cuda")
     results = []
     g = torch.Generator(device=dev).manual_seed(0)
     for name, (kind, n, k) in SHAPES.items():
+        if name not in shapes:
+            continue
         copies = max(2, math.ceil(budget_bytes / (n * k * 2)))
         ws = [(torch.randn(n, k, device=dev, generator=g, dtype=torch.float32) * k ** -0.5).to(dtype) for _ in range(copies)]
         nbytes = n * k * 2
@@ -121,9 +126,15 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
             base = graph_time_ms(lambda: [unfused(w) for w in ws]) / copies
             row = {"shape": name, "rows": m, "weight_mb": nbytes / 2**20, "unfused_us": base * 1e3,
                    "unfused_gbps": nbytes / base / 1e6}
-            if kind == "plain":  # cuBLAS only: the per-layer accounting
+            if kind == "plain":
+                if name in SPLIT_K_SHAPES:
+                    row.update(bench_split_k(ws, x, nbytes, m in sweep_rows))
                 results.append(row)
-                print(f"{name:14s} m={m:4d}  cuBLAS {row['unfused_us']:7.1f} us ({row['unfused_gbps']:6.0f} GB/s)", flush=True)
+                print(f"{name:14s} m={m:4d}  cuBLAS {row['unfused_us']:7.1f} us ({row['unfused_gbps']:6.0f} GB/s)"
+                      + (f"  | +add_norm_norm: cuBLAS {row['cublas_norm_us']:6.1f} us, split-K {row['split_norm_us']:6.1f} us "
+                         f"{tuple(row['split_plan'])} err {row['split_err']:.1e}" if "split_norm_us" in row else "")
+                      + (f"  best {row['split_best_us']:6.1f} us {tuple(row['split_best_plan'])}" if "split_best_us" in row else ""),
+                      flush=True)
                 continue
             err = rel_err(fused(ws[0]), unfused(ws[0]))
             dflt = graph_time_ms(lambda: [fused(w) for w in ws]) / copies
@@ -155,6 +166,60 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
         del ws
         torch.cuda.empty_cache()
     return results
+
+
+#: Plain projections followed by add_norm_norm in an Ouro layer: split-K candidates (fused_linear.linear_split_k).
+SPLIT_K_SHAPES = ("o_proj", "down_proj")
+
+
+def _split_plans(m: int) -> list[fl.SplitPlan]:
+    bms = [16] if m <= 16 else [64]
+    return [fl.SplitPlan(fl.Tiles(bm, bn, bk, 4, st), sp)
+            for bm, bn, bk, st, sp in itertools.product(bms, (16, 32, 64), (128, 256), (3, 4), (2, 4, 8))]
+
+
+def bench_split_k(ws: list[torch.Tensor], x: torch.Tensor, nbytes: int, sweep: bool) -> dict:
+    """The projection plus the add_norm_norm that consumes it (as an Ouro layer runs them): cuBLAS +
+    the plain kernel against split-K pieces summed by the kernel, at the default plan and (``sweep``)
+    over plans. Rows above MAX_ROWS_SPLIT_K are timed too (the limit is lifted here to choose it)."""
+    m, n = x.shape[0], ws[0].shape[0]
+    g = torch.Generator(device=x.device).manual_seed(1)
+    h = torch.randn(m, n, device=x.device, generator=g).to(x.dtype)
+    w1 = (1 + 0.1 * torch.randn(n, device=x.device, generator=g)).to(x.dtype)
+    w2 = (1 + 0.1 * torch.randn(n, device=x.device, generator=g)).to(x.dtype)
+    saved, fl.MAX_ROWS_SPLIT_K = fl.MAX_ROWS_SPLIT_K, 1 << 20
+    try:
+        def base(w):
+            return add_norm_norm(h, F.linear(x, w), w1, w2, 1e-6)[1]
+
+        def split(w, plan=None):
+            return add_norm_norm(h, fl.linear_split_k(x, w, plan), w1, w2, 1e-6)[1]
+
+        out = {"cublas_norm_us": graph_time_ms(lambda: [base(w) for w in ws]) / len(ws) * 1e3}
+        plan = fl.split_plan(m, n, x.shape[1])
+        if plan is None:
+            return out
+        out.update(split_plan=[list(plan.tiles), plan.splits], split_err=rel_err(split(ws[0]), base(ws[0])),
+                   split_norm_us=graph_time_ms(lambda: [split(w) for w in ws]) / len(ws) * 1e3)
+        if sweep:
+            best = None
+            for p in _split_plans(m):
+                if x.shape[1] % (p.splits * p.tiles.block_k):
+                    continue
+                try:
+                    us = graph_time_ms(lambda p=p: [split(w, p) for w in ws], reps=10, batches=3) / len(ws) * 1e3
+                    e = rel_err(split(ws[0], p), base(ws[0]))
+                except Exception as exc:  # noqa: BLE001 - a config the compiler refuses (resources)
+                    print(f"  split-K m={m} {p}: {type(exc).__name__}: {str(exc)[:80]}")
+                    continue
+                if e < 2e-2 and (best is None or us < best[0]):
+                    best = (us, p)
+            if best:
+                out.update(split_best_us=best[0], split_best_plan=[list(best[1].tiles), best[1].splits],
+                           split_best_gbps=nbytes / best[0] / 1e3)
+        return out
+    finally:
+        fl.MAX_ROWS_SPLIT_K = saved
 
 
 # -- attention ---------------------------------------------------------------------------------------------
@@ -219,6 +284,7 @@ def main() -> int:
     ap.add_argument("--parts", default="linear,attention")
     ap.add_argument("--rows", default="1,2,4,8,16,32,64,128")
     ap.add_argument("--sweep-rows", default="1,64")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="linear shapes to run (%(default)s)")
     ap.add_argument("--attention-cases", default="1x1024,1x4096,8x1024,64x1024,128x1024")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -234,7 +300,8 @@ def main() -> int:
         pass
     parts = args.parts.split(",")
     if "linear" in parts:
-        res["linear"] = bench_linear([int(r) for r in args.rows.split(",")], [int(r) for r in args.sweep_rows.split(",") if r])
+        res["linear"] = bench_linear([int(r) for r in args.rows.split(",")], [int(r) for r in args.sweep_rows.split(",") if r],
+                                     shapes=tuple(args.shapes.split(",")))
     if "attention" in parts:
         cases = [tuple(int(v) for v in c.split("x")) for c in args.attention_cases.split(",") if c]
         res["attention"] = bench_attention(cases)

@@ -221,7 +221,21 @@ def profile(model, args):
         if end is None or e.time_range.end > end:
             end, prev = e.time_range.end, e.name
     gaps.sort(key=lambda g: -g[0])
-    return {"workload": "profile", "prompt_len": args.prompt_len, "wall_ms_profiled": wall * 1e3,
+    # host time outside the kernels' span: before the first kernel starts (the first step's host work)
+    # and after the last one ends (sampling readback, output); CPU ops by self time in the first window
+    host = [e for e in prof.events() if not _is_device_event(e)]
+    t_start = min(e.time_range.start for e in host)
+    t_end = max(e.time_range.end for e in host)
+    first_k, last_k = (seq[0].time_range.start, max(e.time_range.end for e in seq)) if seq else (t_end, t_end)
+    before: dict[str, float] = {}
+    for e in host:
+        if e.time_range.start < first_k:
+            before[e.name] = before.get(e.name, 0.0) + e.self_cpu_time_total
+    return {"workload": "profile",
+            "host_before_first_kernel_ms": round((first_k - t_start) / 1e3, 3),
+            "host_after_last_kernel_ms": round((t_end - last_k) / 1e3, 3),
+            "host_ops_before_first_kernel_ms": [(n[:60], round(us / 1e3, 3)) for n, us in
+                                                sorted(before.items(), key=lambda kv: -kv[1])[:12]], "prompt_len": args.prompt_len, "wall_ms_profiled": wall * 1e3,
             "device_busy_ms": busy / 1e3, "device_kernel_ms": sum(by_name.values()) / 1e3,
             "kernels": len(kernels), "ms_by_kind": {k: round(v / 1e3, 3) for k, v in kinds.items()},
             "top_kernels_ms": [(n[:90], round(us / 1e3, 3)) for n, us in top],

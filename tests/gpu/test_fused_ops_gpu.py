@@ -104,3 +104,39 @@ def test_fused_linears_match_gemm_plus_eager_tail(dtype, rows):
         check(got, want, "fused silu_mul")
     else:  # above the limit: the unfused ops themselves
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 64, 65])
+def test_split_k_projection_into_add_norm_norm(dtype, rows):
+    """o_proj / down_proj as split-K pieces summed inside add_norm_norm (an Ouro layer's tail) against
+    cuBLAS + the same kernel; the pieces' sum is the kernel's own rounding of one fp32 sum."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    import torch.nn.functional as F
+
+    from rlt.platform.models import fused_linear as fl
+    from rlt.platform.models.fused_ops import SplitSum
+
+    g = torch.Generator(device="cuda").manual_seed(100 + rows)
+    for n, k in ((2048, 2048), (2048, 5632)):  # Ouro-1.4B o_proj, down_proj
+        x = torch.randn(rows, k, device="cuda", generator=g).to(dtype)
+        w = (torch.randn(n, k, device="cuda", generator=g) * k ** -0.5).to(dtype)
+        h = torch.randn(rows, n, device="cuda", generator=g).to(dtype)
+        w1 = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+        w2 = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+        pieces = fl.linear_split_k(x, w)
+        if rows > fl.MAX_ROWS_SPLIT_K:  # above the limit: cuBLAS itself
+            assert torch.equal(pieces, F.linear(x, w))
+            continue
+        assert isinstance(pieces, SplitSum)
+        got_h, got_n = add_norm_norm(h, pieces, w1, w2, 1e-6)
+        same_h, same_n = add_norm_norm(h, pieces.total(), w1, w2, 1e-6)
+        assert torch.equal(got_h, same_h) and torch.equal(got_n, same_n)
+        want_h, want_n = add_norm_norm(h, F.linear(x, w), w1, w2, 1e-6)
+        if dtype == torch.float32:
+            torch.testing.assert_close(pieces.total(), F.linear(x, w), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(got_n, want_n, rtol=1e-4, atol=1e-4)
+        else:
+            _bounded(pieces.total(), F.linear(x, w), dtype, f"split-K {n}x{k}")
+            _bounded(got_n, want_n, dtype, f"split-K + add_norm_norm {n}x{k}")

@@ -51,6 +51,29 @@ SCRIPT = textwrap.dedent("""
                     assert bool((kc[s] == 7).all()) and bool((vc[s] == 7).all()), s
             q2, k2, v2, stored2 = fl.linear_rope_kv(x, wq, cos, sin, nq, nkv, d, None)
             assert not stored2 and torch.equal(q2, q) and torch.equal(k2, k) and torch.equal(v2, v)
+        # split-K pieces of a plain projection, summed by add_norm_norm in its own pass
+        from rlt.platform.models.fused_ops import SplitSum, add_norm_norm
+        for m in (1, 5, 17, 65):                        # 17: two row blocks; 65: above the limit; N = 80: a masked column tail
+            n, k = 80, 2048
+            x = torch.randn(m, k, generator=g).to(dtype)
+            w = torch.randn(n, k, generator=g).to(dtype)
+            h = torch.randn(m, n, generator=g).to(dtype)
+            w1, w2 = (1 + 0.2 * torch.randn(n, generator=g)).to(dtype), (1 + 0.2 * torch.randn(n, generator=g)).to(dtype)
+            want = F.linear(x, w)
+            for plan in (None, fl.SplitPlan(fl.Tiles(16, 32, 64, 4, 2), 8), fl.SplitPlan(fl.Tiles(16, 16, 128, 4, 2), 2)):
+                got = fl.linear_split_k(x, w, plan)
+                if m > fl.MAX_ROWS_SPLIT_K:             # above the row limit: F.linear itself
+                    assert not isinstance(got, SplitSum) and torch.equal(got, want)
+                    continue
+                assert isinstance(got, SplitSum) and got.parts.dtype == torch.float32
+                assert got.parts.shape[0] == (plan.splits if plan else fl.split_plan(m, n, k, x.element_size()).splits)
+                total = got.total()
+                assert total.dtype == dtype and (total.float() - want.float()).abs().max() <= tol * want.float().abs().max() + 1e-3, (dtype, m, plan)
+                fh, fn = add_norm_norm(h, got, w1, w2, 1e-6, use_triton=True)
+                th, tn = add_norm_norm(h, total, w1, w2, 1e-6, use_triton=True)   # the same sum, rounded once
+                assert torch.equal(fh, th) and torch.equal(fn, tn), (dtype, m, plan)
+                eh, en = add_norm_norm(h, got, w1, w2, 1e-6, use_triton=False)    # eager fallback sums the pieces too
+                assert (eh.float() - fh.float()).abs().max() <= 2e-2 * fh.float().abs().max()
     print("ok")
 """)
 
@@ -75,6 +98,25 @@ def test_dispatch_is_decided_by_shape_and_device():
         assert not fused_linear.small_m_usable(x.to(torch.float16), w, 64)  # mixed dtypes
     finally:
         del os.environ["TRITON_INTERPRET"]
+
+
+def test_split_plan_cuts_k_into_long_whole_tiles():
+    # Ouro-1.4B's plain projections: the H200 sweep's best plans (o_proj [2048, 2048], down_proj [2048, 5632])
+    for m in (1, 16):
+        assert fused_linear.split_plan(m, 2048, 2048) == fused_linear.SplitPlan(fused_linear.Tiles(16, 32, 256, 4, 4), 2)
+        assert fused_linear.split_plan(m, 2048, 5632) == fused_linear.SplitPlan(fused_linear.Tiles(16, 32, 128, 4, 4), 4)
+    assert fused_linear.split_plan(64, 2048, 5632).tiles.block_m == 64
+    for n, k in ((2048, 2048), (2048, 5632), (4096, 11008), (2560, 9728)):
+        for m in (1, 17, 64):
+            for elem in (2, 4):
+                plan = fused_linear.split_plan(m, n, k, elem)
+                t = plan.tiles
+                assert plan.splits in (2, 4, 8) and k % (plan.splits * t.block_k) == 0 and k // plan.splits >= fused_linear.MIN_SPLIT_K
+                assert t.num_stages * (t.block_m + 2 * t.block_n) * t.block_k * elem <= fused_linear.SHARED_MEMORY_BYTES
+    assert fused_linear.split_plan(1, 2048, 2000) is None   # no whole K tiles: cuBLAS keeps it
+    assert fused_linear.split_plan(1, 2048, 1024) is None   # too short to split
+    x, w = torch.randn(2, 8), torch.randn(4, 8)             # CPU without the interpreter: plain F.linear
+    assert torch.equal(fused_linear.linear_split_k(x, w), torch.nn.functional.linear(x, w))
 
 
 def test_tiles_fit_shared_memory_in_every_dtype():

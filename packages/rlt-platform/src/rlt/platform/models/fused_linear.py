@@ -9,15 +9,20 @@ extra rows are free next to the weight traffic):
 
 * :func:`linear_silu_mul` — the SwiGLU MLP's ``silu(x @ G.T) * (x @ U.T)`` from the fused
   ``[G; U]`` weight (replaces the gate/up GEMM and :func:`~rlt.platform.models.fused_ops.silu_mul`);
+* :func:`linear_split_k` — a plain projection as split-K fp32 pieces, for a consumer that sums them
+  (:func:`~rlt.platform.models.fused_ops.add_norm_norm`);
 * :func:`linear_rope_kv` — the fused q/k/v projection, split-half RoPE on the q and k heads, and
   (optionally) the paged KV store of the k and v heads at their flat slots (replaces the qkv GEMM,
   :func:`~rlt.platform.models.fused_ops.rope_qk_` and the backend's ``write_kv``).
 
-Plain projections (o_proj, down_proj, the LM head) stay on cuBLAS: a Triton GEMV with the same
-tiles was not faster on the H200 (``benchmarks/decode_kernels.py``, 2026-12-04: o_proj 6.1 vs
-6.1 us, down_proj 12.3 vs 11.1 us at one row), while the two fused parts gained 16.2 -> 10.0 us
-(qkv + RoPE + KV store) and 15.3 -> 14.1 us (gate/up + SiLU) at one row, 18.2 -> 12.1 and
-17.9 -> 16.5 us at 64 rows.
+The plain projections that an ``add_norm_norm`` consumes (o_proj, down_proj) run as split-K partial
+sums, :func:`linear_split_k`: cuBLAS gives a one-row GEMV at [2048, 5632] a single wave of 64 column
+blocks (~2.1 TB/s), while K ranges of >= 1,024 columns give the grid two to four times the programs,
+and the fp32 pieces are summed by the consumer kernel in its own pass (no extra launch). H200, with
+the norm that follows: down_proj 13.5 -> 11.3 us, o_proj 8.1 -> 7.4 us at one row; 14.2 -> 12.6
+and 8.7 -> 8.1 us at 64 rows (lease 7). The LM head stays on cuBLAS (a wide N fills the GPU).
+The first kernels, before split-K: qkv + RoPE + KV store 16.2 -> 10.0 us and gate/up + SiLU
+15.3 -> 14.1 us at one row, 18.2 -> 12.1 and 17.9 -> 16.5 us at 64 rows (``benchmarks/decode_kernels.py``).
 
 Rounding follows the eager op sequence they replace (a bf16 op computes in fp32 and rounds once):
 the projection is rounded to the activation dtype before RoPE / SiLU, each RoPE product and the
@@ -27,7 +32,7 @@ from cuBLAS (as any two GEMM kernels do); fp32 uses exact ("ieee") dots.
 The dispatch (:func:`small_m_usable`) is decided from shapes and the device only, so a captured
 graph replays the same kernels: Triton on CUDA/ROCm tensors (or the interpreter), at most
 ``max_rows`` rows; anything else takes the eager ops. ``RLT_FUSED_LINEAR=0`` turns the kernels
-off (for A/B measurements). Tiles come from :func:`_tiles` (the H200 sweep above).
+off, ``RLT_SPLIT_K=0`` only the split-K projections (for A/B measurements). Tiles come from :func:`_tiles` (the H200 sweep above).
 
 The KV store in :func:`linear_rope_kv` writes the same thing at the same place as the flat-slot
 ``write_kv`` of the Torch / Triton / FlashAttention backends (``k[layer].view(-1, kv_heads * d)
@@ -43,7 +48,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from rlt.platform.models.fused_ops import _interpreting, rope_qk_, silu_mul, triton
+from rlt.platform.models.fused_ops import SplitSum, _interpreting, rope_qk_, silu_mul, triton
 
 #: Most rows each fused kernel serves (above it the GEMM + elementwise kernels were as fast).
 MAX_ROWS_ROPE_KV = 128
@@ -156,6 +161,22 @@ if triton is not None:
                 tl.store(V_CACHE + dst + dims_b[None, :], rb.to(ct), mask=keep & is_v)
 
 
+    @triton.jit(do_not_specialize=["M"])
+    def _linear_split_k_kernel(X, W, PARTS, M, N, K_SPLIT: tl.constexpr, stride_xm, stride_wn, stride_ps, stride_pm,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+        """One program: weight rows ``[j*B, j*B+B)`` over the K range of split ``program_id(1)``."""
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        split = tl.program_id(1)
+        offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_n, mask_m = cols < N, offs_m < M
+        k0 = split * K_SPLIT
+        acc, _ = _dot2(X + k0, W + k0, cols, cols, mask_n, mask_n, offs_m, mask_m, K_SPLIT, stride_xm, stride_wn,
+                       BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, False, PRECISION)
+        tl.store(PARTS + split * stride_ps + offs_m[:, None].to(tl.int64) * stride_pm + cols[None, :], acc,
+                 mask=mask_m[:, None] & mask_n[None, :])
+
+
 def _enabled() -> bool:
     return os.environ.get("RLT_FUSED_LINEAR", "1") != "0"
 
@@ -204,6 +225,54 @@ def _fit(tiles: Tiles, k: int, elem: int) -> Tiles:
 
 def _precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+class SplitPlan(NamedTuple):
+    """A split-K launch: its tiles and how many K ranges (``splits``) the weight is cut into."""
+
+    tiles: Tiles
+    splits: int
+
+
+#: Shortest K range one split-K program streams: splits shorter than this lost to fewer, longer ones on the
+#: H200 (o_proj [2048, 2048] at one row: 8 splits of 256 took 8.8 us with its add_norm_norm, 2 of 1024
+#: 7.4 us, cuBLAS 8.1 us; down_proj [2048, 5632]: 4 splits of 1408 took 11.3 us, cuBLAS 13.5 us —
+#: benchmarks/results/h200-20261204-lease7).
+MIN_SPLIT_K = 1024
+MAX_ROWS_SPLIT_K = 64
+
+
+def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
+    """The split-K launch for ``[m, k] @ [n, k].T``: the most splits (2, 4 or 8) whose K ranges are at
+    least :data:`MIN_SPLIT_K` long and whole K tiles (256, else 128 columns); None when no split fits
+    (the caller keeps cuBLAS). Column tiles of 32 weight rows, 16 or 64 batch rows per dot tile."""
+    for splits in (8, 4, 2):
+        if k // splits < MIN_SPLIT_K:
+            continue
+        for bk in (256, 128):
+            if k % (splits * bk) == 0:
+                tiles = _fit(Tiles(16 if m <= 16 else 64, 32, bk, 4, 4), k // splits, elem)
+                return SplitPlan(tiles, splits)
+    return None
+
+
+def linear_split_k(x: torch.Tensor, weight: torch.Tensor, plan: SplitPlan | None = None) -> torch.Tensor | SplitSum:
+    """``F.linear(x, weight)`` for decode-sized ``x``, as split-K partial sums (:class:`SplitSum`) for a
+    consumer that reduces them in its own launch (:func:`~rlt.platform.models.fused_ops.add_norm_norm`);
+    the plain ``F.linear`` result where the kernel does not serve the shape."""
+    if not small_m_usable(x, weight, MAX_ROWS_SPLIT_K) or os.environ.get("RLT_SPLIT_K", "1") == "0":
+        return F.linear(x, weight)
+    m, k = x.shape
+    n = weight.shape[0]
+    plan = plan or split_plan(m, n, k, x.element_size())
+    if plan is None:
+        return F.linear(x, weight)
+    (bm, bn, bk, warps, stages), splits = plan
+    parts = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    _linear_split_k_kernel[(triton.cdiv(n, bn), splits, triton.cdiv(m, bm))](
+        x, weight, parts, m, n, k // splits, x.stride(0), weight.stride(0), parts.stride(0), parts.stride(1),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, PRECISION=_precision(x), num_warps=warps, num_stages=stages)
+    return SplitSum(parts, x.dtype)
 
 
 def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None = None) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Fused model kernels for GPUs (Triton), each in the Hugging Face rounding order.
 
-* :func:`add_norm_norm` — residual add of a normalised sub-block output plus the next norm;
+* :func:`add_norm_norm` — residual add of a normalised sub-block output plus the next norm (the
+  sub-block output may arrive as split-K partial sums, :class:`SplitSum`, reduced in the same pass);
 * :func:`rope_qk_` — rotary embedding of q and k in place, in one launch (optionally storing the
   rotated k and the v rows into the paged KV cache in that launch);
 * :func:`silu_mul` — the SwiGLU activation ``silu(gate) * up`` from the fused gate/up output.
@@ -27,6 +28,7 @@ On devices without Triton the same function falls back to the eager ops in ``lay
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -44,12 +46,18 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
 if triton is not None:
 
     @triton.jit
-    def _add_norm_norm_kernel(H, X, W1, W2, OUT_H, OUT_N, stride_h, stride_x, stride_oh, stride_on, n_cols, eps,
-                              HAS_SECOND: tl.constexpr, BLOCK: tl.constexpr):
+    def _add_norm_norm_kernel(H, X, W1, W2, OUT_H, OUT_N, stride_h, stride_x, stride_xs, stride_oh, stride_on, n_cols,
+                              eps, HAS_SECOND: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
-        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        if SPLITS == 1:
+            x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        else:  # X: fp32 split-K partial sums of the projection; their sum in split order, rounded as F.linear
+            acc = tl.zeros([BLOCK], dtype=tl.float32)
+            for s in tl.static_range(SPLITS):
+                acc += tl.load(X + s * stride_xs + row * stride_x + cols, mask=mask, other=0.0)
+            x = acc.to(OUT_H.dtype.element_ty).to(tl.float32)
         var = tl.sum(x * x, axis=0) / n_cols
         xn = (x * tl.rsqrt(var + eps)).to(OUT_H.dtype.element_ty)
         w1 = tl.load(W1 + cols, mask=mask, other=0.0)
@@ -134,21 +142,44 @@ def triton_usable(t: torch.Tensor) -> bool:
     return triton is not None and (t.is_cuda or _interpreting())
 
 
-def add_norm_norm(h: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor | None, eps: float,
+class SplitSum(NamedTuple):
+    """A projection's output still in split-K pieces: fp32 partial sums ``parts [S, M, N]`` whose sum,
+    rounded to ``dtype``, is ``F.linear``'s result (``fused_linear.linear_split_k`` makes them, so that
+    the reduction rides in the consumer's launch — :func:`add_norm_norm` — instead of its own)."""
+
+    parts: torch.Tensor
+    dtype: torch.dtype
+
+    def total(self) -> torch.Tensor:
+        """The projection itself (split order, one rounding): for consumers without a fused path."""
+        acc = self.parts[0].clone()
+        for part in self.parts[1:]:
+            acc += part
+        return acc.to(self.dtype)
+
+
+def add_norm_norm(h: torch.Tensor, x: torch.Tensor | SplitSum, w1: torch.Tensor, w2: torch.Tensor | None, eps: float,
                   use_triton: bool | None = None):
-    """Return ``(h + RMS_w1(x), RMS_w2(h + RMS_w1(x)))`` (the second is None when ``w2`` is None)."""
+    """Return ``(h + RMS_w1(x), RMS_w2(h + RMS_w1(x)))`` (the second is None when ``w2`` is None).
+
+    ``x`` may be a :class:`SplitSum`; the kernel then sums its pieces first (in split order, rounded to
+    the activation dtype: the projection as ``F.linear`` returns it)."""
     if use_triton is None:
         use_triton = triton_usable(h)
     if not use_triton:
+        if isinstance(x, SplitSum):
+            x = x.total()
         hn = h + rms_norm(x, w1, eps)
         return hn, (rms_norm(hn, w2, eps) if w2 is not None else None)
     rows, cols = h.shape
     out_h = torch.empty_like(h)
     out_n = torch.empty_like(h) if w2 is not None else out_h
     block = triton.next_power_of_2(cols)
+    xs, splits, stride_xs = (x.parts, x.parts.shape[0], x.parts.stride(0)) if isinstance(x, SplitSum) else (x, 1, 0)
     _add_norm_norm_kernel[(rows,)](
-        h, x, w1, w2 if w2 is not None else w1, out_h, out_n, h.stride(0), x.stride(0), out_h.stride(0),
-        out_n.stride(0), cols, eps, HAS_SECOND=w2 is not None, BLOCK=block, num_warps=4 if block <= 2048 else 8)
+        h, xs, w1, w2 if w2 is not None else w1, out_h, out_n, h.stride(0), xs.stride(-2), stride_xs,
+        out_h.stride(0), out_n.stride(0), cols, eps, HAS_SECOND=w2 is not None, BLOCK=block, SPLITS=splits,
+        num_warps=4 if block <= 2048 else 8)
     return out_h, (out_n if w2 is not None else None)
 
 

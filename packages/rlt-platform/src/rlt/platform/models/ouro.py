@@ -17,12 +17,11 @@ from typing import Any
 
 import attrs
 import torch
-import torch.nn.functional as F
 
 from rlt.attention import AttentionBackend, AttentionMetadata, KVCache
 from rlt.platform.errors import CheckpointError
 from rlt.platform.models.base import ModelFamily
-from rlt.platform.models.fused_linear import linear_silu_mul
+from rlt.platform.models.fused_linear import linear_silu_mul, linear_split_k
 from rlt.platform.models.fused_ops import add_norm_norm
 from rlt.platform.models.layers import rms_norm
 from rlt.platform.models.stack import ConfigReader, StackConfig, StackModel, llama_layer_weights, tied_head_optional
@@ -98,13 +97,14 @@ class OuroModel(StackModel):
         last = len(self.layers) - 1
         for idx, layer in enumerate(self.layers):
             n = layer.norms
-            o = self.attend(idx, layer, a, rope, kv, attention, meta)
-            # h += RMS_in2(o_proj(o)); m = RMS_post(h)   (one fused pass on GPU)
+            o = self.attend(idx, layer, a, rope, kv, attention, meta, split_k=True)
+            # h += RMS_in2(o_proj(o)); m = RMS_post(h)   (one fused pass on GPU; for decode-sized batches it
+            # also sums o_proj's split-K pieces, fused_linear.linear_split_k)
             h, m = add_norm_norm(h, o, n["input_layernorm_2"], n["post_attention_layernorm"], eps)
             act = linear_silu_mul(m, layer.gate_up)
             # h += RMS_post2(down(...)); then the next layer's RMS_in(h), or the end-of-loop norm
             nxt = self.norm if idx == last else self.layers[idx + 1].norms["input_layernorm"]
-            h, a = add_norm_norm(h, F.linear(act, layer.down), n["post_attention_layernorm_2"], nxt, eps)
+            h, a = add_norm_norm(h, linear_split_k(act, layer.down), n["post_attention_layernorm_2"], nxt, eps)
         return a
 
     def exit_logit(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from rlt.attention import AttentionBackend, AttentionMetadata, KVCache
 from rlt.platform.errors import CheckpointError
 from rlt.platform.models.base import LoopedModel, ModelShape, no_exit_gate
-from rlt.platform.models.fused_linear import linear_rope_kv
+from rlt.platform.models.fused_linear import linear_rope_kv, linear_split_k
+from rlt.platform.models.fused_ops import SplitSum
 from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
 
 
@@ -192,8 +193,10 @@ class StackModel(LoopedModel):
         return F.embedding(token_ids, self.embed)
 
     def attend(self, idx: int, layer: StackLayer, a: torch.Tensor, rope, kv: KVCache, attention: AttentionBackend,
-               meta: AttentionMetadata) -> torch.Tensor:
-        """Attention sub-block of layer ``idx`` on its normalised input ``a``: o_proj(attn(...))."""
+               meta: AttentionMetadata, split_k: bool = False) -> torch.Tensor | SplitSum:
+        """Attention sub-block of layer ``idx`` on its normalised input ``a``: o_proj(attn(...)); with
+        ``split_k`` the o_proj may come back as split-K pieces for a consumer that reduces them
+        (``fused_ops.add_norm_norm``)."""
         cfg = self.cfg
         cos, sin = rope
         # Decode-sized batches: one kernel projects, rotates and (for flat-slot backends) stores K/V.
@@ -202,7 +205,7 @@ class StackModel(LoopedModel):
                                          cfg.head_dim, store)
         if not stored:
             attention.write_kv(kv, idx, k, v, meta)
-        return F.linear(attention.forward(q, kv, idx, meta, self.scale), layer.o)
+        return (linear_split_k if split_k else F.linear)(attention.forward(q, kv, idx, meta, self.scale), layer.o)
 
     def exit_logit(self, hidden: torch.Tensor) -> torch.Tensor:
         """No gate (a family with one overrides this): the exit probability never accumulates."""
