@@ -8,7 +8,8 @@
 #   OUT=benchmarks/results/<dir> bash scripts/decode_h200.sh
 # VARIANTS (default "base decode"; nopipe = rlt-decode without its pipeline; unfused = rlt-decode with
 # the small-M linear kernels off, RLT_FUSED_LINEAR=0; nosplit = rlt-decode with o_proj / down_proj on
-# cuBLAS instead of split-K, RLT_SPLIT_K=0; copy = rlt-decode with step metadata copied,
+# cuBLAS instead of split-K, RLT_SPLIT_K=0; nopdl = rlt-decode with plain kernel launches instead of
+# programmatic dependent launch, RLT_PDL=0; copy = rlt-decode with step metadata copied,
 # RLT_UVA=0, instead of read by the mapped-memory kernel), BENCH_ARGS (e.g. --no-sync-steps: no device
 # synchronise after each step, which a pipelined loop needs to overlap), KERNELS=1 (first the kernel
 # micro-benchmarks, benchmarks/decode_kernels.py, with KERNEL_ARGS), PROFILE="c=1,in=1024 ..." (a
@@ -38,6 +39,7 @@ for variant in ${VARIANTS:-base decode}; do
   extra=()
   fused=1
   split=1
+  pdl=1
   uva=
   case $variant in  # base: the base engine; decode: rlt-decode's features; nopipe: rlt-decode without its pipeline
     decode) extra=(--feature-module rlt.decode.feature) ;;
@@ -45,8 +47,9 @@ for variant in ${VARIANTS:-base decode}; do
     unfused) extra=(--feature-module rlt.decode.feature); fused=0 ;;
     copy) extra=(--feature-module rlt.decode.feature); uva=0 ;;
     nosplit) extra=(--feature-module rlt.decode.feature); split=0 ;;
+    nopdl) extra=(--feature-module rlt.decode.feature); pdl=0 ;;
   esac
-  RLT_SPLIT_K=$split RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
+  RLT_PDL=$pdl RLT_SPLIT_K=$split RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
     --work-dir /tmp/rlt-bench --out-dir "$OUT/$variant" --reps 3 --warmup-output-len 4 "${extra[@]}" ${BENCH_ARGS:-} "${WORKLOADS[@]}" \
     > "$OUT/$variant.log" 2>&1
   echo "== $variant"; grep -E "^\| (c1-1k|c64-1k|c128-1k|c64-1k-adaptive) \| triton" "$OUT/$variant/results.md" || tail -20 "$OUT/$variant.log"

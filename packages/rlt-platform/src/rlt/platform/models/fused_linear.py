@@ -48,6 +48,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from rlt.attention.pdl import launch_options, pdl_enabled
 from rlt.platform.models.fused_ops import SplitSum, _interpreting, rope_qk_, silu_mul, triton
 
 #: Most rows each fused kernel serves (above it the GEMM + elementwise kernels were as fast).
@@ -57,6 +58,8 @@ MAX_ROWS_SILU_MUL = 64
 if triton is not None:
     import triton.language as tl
     from triton.language.extra import libdevice
+
+    from rlt.attention.backends.triton_kernels.pdl import dependent_launch
 
     @triton.jit
     def _dot2(X, W, rows_a, rows_b, mask_a, mask_b, offs_m, mask_m, K: tl.constexpr, stride_xm, stride_wn,
@@ -92,7 +95,9 @@ if triton is not None:
     @triton.jit(do_not_specialize=["M"])  # rows vary per step (module docstring)
     def _linear_silu_mul_kernel(X, W, OUT, M, I, K: tl.constexpr, stride_xm, stride_wn, stride_om,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr):
+                                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr,
+                                PDL: tl.constexpr):
+        dependent_launch(PDL)
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_n, mask_m = cols < I, offs_m < M
@@ -114,8 +119,10 @@ if triton is not None:
                                M, K: tl.constexpr, stride_xm, stride_wn, stride_om, stride_cs,
                                NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               EVEN_K: tl.constexpr, PRECISION: tl.constexpr, WRITE_KV: tl.constexpr):
+                               EVEN_K: tl.constexpr, PRECISION: tl.constexpr, WRITE_KV: tl.constexpr,
+                               PDL: tl.constexpr):
         """One program: rows ``[j*B, j*B+B)`` and ``[half + j*B, ...)`` of one head (RoPE partners)."""
+        dependent_launch(PDL)
         HALF: tl.constexpr = HEAD_DIM // 2
         CHUNKS: tl.constexpr = HALF // BLOCK_N
         pid = tl.program_id(0)
@@ -164,8 +171,9 @@ if triton is not None:
     @triton.jit(do_not_specialize=["M"])
     def _linear_split_k_kernel(X, W, PARTS, M, N, K_SPLIT: tl.constexpr, stride_xm, stride_wn, stride_ps, stride_pm,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+                               EVEN_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
         """One program: weight rows ``[j*B, j*B+B)`` over the K range of split ``program_id(1)``."""
+        dependent_launch(PDL)
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         split = tl.program_id(1)
         offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -223,6 +231,13 @@ def _fit(tiles: Tiles, k: int, elem: int) -> Tiles:
     return t
 
 
+def _pdl(x: torch.Tensor) -> dict:
+    """``PDL`` and the launch option of a kernel over ``x`` (rlt.attention.pdl: its contract — every
+    kernel here starts with ``dependent_launch``)."""
+    on = pdl_enabled(x)
+    return {"PDL": on, **launch_options(on)}
+
+
 def _precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
@@ -271,7 +286,8 @@ def linear_split_k(x: torch.Tensor, weight: torch.Tensor, plan: SplitPlan | None
     parts = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     _linear_split_k_kernel[(triton.cdiv(n, bn), splits, triton.cdiv(m, bm))](
         x, weight, parts, m, n, k // splits, x.stride(0), weight.stride(0), parts.stride(0), parts.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, PRECISION=_precision(x), num_warps=warps, num_stages=stages)
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, PRECISION=_precision(x), num_warps=warps, num_stages=stages,
+        **_pdl(x))
     return SplitSum(parts, x.dtype)
 
 
@@ -286,7 +302,7 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None 
     _linear_silu_mul_kernel[(triton.cdiv(inter, bn), triton.cdiv(m, bm))](
         x, gate_up, out, m, inter, k, x.stride(0), gate_up.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0, PRECISION=_precision(x),
-        ACCURATE_EXP=not _interpreting(), num_warps=warps, num_stages=stages)
+        ACCURATE_EXP=not _interpreting(), num_warps=warps, num_stages=stages, **_pdl(x))
     return out
 
 
@@ -312,7 +328,8 @@ def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor,
         x, qkv_weight, out, cos, sin, k_cache, v_cache, slots,
         m, kdim, x.stride(0), qkv_weight.stride(0), out.stride(0), cos.stride(0),
         NUM_Q=num_q_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        EVEN_K=kdim % bk == 0, PRECISION=_precision(x), WRITE_KV=write, num_warps=warps, num_stages=stages)
+        EVEN_K=kdim % bk == 0, PRECISION=_precision(x), WRITE_KV=write, num_warps=warps, num_stages=stages,
+        **_pdl(x))
     qd, kd = num_q_heads * head_dim, num_kv_heads * head_dim
     q = out[:, :qd].view(m, num_q_heads, head_dim)
     k = out[:, qd:qd + kd].view(m, num_kv_heads, head_dim)

@@ -33,12 +33,15 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from rlt.attention.pdl import launch_options, pdl_enabled
 from rlt.platform.models.layers import apply_rope, rms_norm
 
 try:  # Triton is optional: GPUs only.
     import triton
     import triton.language as tl
     from triton.language.extra import libdevice
+
+    from rlt.attention.backends.triton_kernels.pdl import dependent_launch
 except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = None
 
@@ -47,7 +50,9 @@ if triton is not None:
 
     @triton.jit
     def _add_norm_norm_kernel(H, X, W1, W2, OUT_H, OUT_N, stride_h, stride_x, stride_xs, stride_oh, stride_on, n_cols,
-                              eps, HAS_SECOND: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr):
+                              eps, HAS_SECOND: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+                              PDL: tl.constexpr):
+        dependent_launch(PDL)  # rlt.attention.pdl (a decode step chains this between projections)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -175,11 +180,12 @@ def add_norm_norm(h: torch.Tensor, x: torch.Tensor | SplitSum, w1: torch.Tensor,
     out_h = torch.empty_like(h)
     out_n = torch.empty_like(h) if w2 is not None else out_h
     block = triton.next_power_of_2(cols)
+    pdl = pdl_enabled(h)
     xs, splits, stride_xs = (x.parts, x.parts.shape[0], x.parts.stride(0)) if isinstance(x, SplitSum) else (x, 1, 0)
     _add_norm_norm_kernel[(rows,)](
         h, xs, w1, w2 if w2 is not None else w1, out_h, out_n, h.stride(0), xs.stride(-2), stride_xs,
         out_h.stride(0), out_n.stride(0), cols, eps, HAS_SECOND=w2 is not None, BLOCK=block, SPLITS=splits,
-        num_warps=4 if block <= 2048 else 8)
+        num_warps=4 if block <= 2048 else 8, PDL=pdl, **launch_options(pdl))
     return out_h, (out_n if w2 is not None else None)
 
 

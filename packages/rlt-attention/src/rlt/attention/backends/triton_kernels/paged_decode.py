@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from rlt.attention.backends.triton_kernels.paging import STEP_VARYING, key_offsets
+from rlt.attention.backends.triton_kernels.pdl import dependent_launch
 
 
 @triton.jit
@@ -54,7 +55,9 @@ def decode_kernel(
     SPLIT: tl.constexpr,
     LAST_EXITED: tl.constexpr,
     PRE_RESOLVED: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    dependent_launch(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     split = tl.program_id(2)
@@ -134,7 +137,9 @@ def decode_grouped_kernel(
     LAST_EXITED: tl.constexpr,
     PRE_RESOLVED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    dependent_launch(PDL)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -197,7 +202,9 @@ def merge_splits_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    dependent_launch(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     q_start = tl.load(qsl_ptr + row)

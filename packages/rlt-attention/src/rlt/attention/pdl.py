@@ -1,0 +1,41 @@
+"""Programmatic dependent launch (PDL) for the decode path's Triton kernels (host-side policy).
+
+A decode loop step is a chain of small kernels (per layer: q/k/v + RoPE, attention, merge, o_proj,
+add + norm, gate/up + SiLU, down_proj, add + norm) that each stream a few MB; between two of them the
+GPU drains the first, flushes it, then launches and ramps up the second — microseconds per boundary,
+paid eight times per layer. With PDL (Hopper and later, ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
+SERIALIZATION``) a kernel is launched while its predecessor still runs: its programs start, signal
+their own dependents, and block in ``griddepcontrol.wait`` until the predecessor has completed and
+its memory is visible (:func:`rlt.attention.backends.triton_kernels.pdl.dependent_launch`).
+
+The contract that keeps this exact: a kernel launched with PDL calls ``dependent_launch`` before any
+global load of data another kernel writes and before any global store, so what it computes is
+unchanged (bit-identical to a plain launch); only the launch latency overlaps. Kernels that do not
+follow the contract are never launched with PDL. Works under CUDA-graph capture (programmatic
+edges). ``RLT_PDL=0`` turns it off (A/B measurements); off on ROCm, before sm_90, and under the
+Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_CAPABLE: dict[int, bool] = {}
+
+
+def pdl_enabled(t: torch.Tensor) -> bool:
+    """Whether kernels over ``t``'s device launch with PDL (decided from the device only: graph-safe)."""
+    if t.device.type != "cuda" or torch.version.hip is not None or os.environ.get("RLT_PDL", "1") == "0" \
+            or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABLE:
+        _CAPABLE[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return _CAPABLE[index]
+
+
+def launch_options(enabled: bool) -> dict:
+    """Extra launch keywords of a Triton kernel call (none when PDL is off: the interpreter takes none)."""
+    return {"launch_pdl": True} if enabled else {}

@@ -1,0 +1,38 @@
+"""rlt.attention.pdl: when the decode kernels launch with programmatic dependent launch."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from rlt.attention import pdl
+
+
+def _on(monkeypatch, capability=(9, 0), hip=None, env=None, interpret=None):
+    pdl._CAPABLE.clear()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    for name, value in (("RLT_PDL", env), ("TRITON_INTERPRET", interpret)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    return pdl.pdl_enabled(types.SimpleNamespace(device=torch.device("cuda", 0)))
+
+
+def test_on_for_hopper_cuda_only(monkeypatch):
+    assert _on(monkeypatch) is True
+    assert _on(monkeypatch, capability=(10, 0)) is True
+    assert _on(monkeypatch, capability=(8, 0)) is False       # Ampere: no griddepcontrol
+    assert _on(monkeypatch, hip="6.2") is False                # ROCm: no PDL
+    assert _on(monkeypatch, env="0") is False                  # RLT_PDL=0 (A/B runs)
+    assert _on(monkeypatch, interpret="1") is False            # the interpreter runs no inline PTX
+    assert pdl.pdl_enabled(torch.empty(2)) is False            # CPU tensors
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_launch_options(enabled):
+    # the interpreter's launcher takes no launch_pdl keyword, so it is passed only when on
+    assert pdl.launch_options(enabled) == ({"launch_pdl": True} if enabled else {})
