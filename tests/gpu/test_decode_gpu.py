@@ -118,7 +118,7 @@ def test_programmatic_dependent_launch_changes_nothing(tiny_checkpoint, monkeypa
     from rlt.platform import SamplingParams
 
     path = tiny_checkpoint(seed=33, num_hidden_layers=2, hidden_size=2048, head_dim=128, num_attention_heads=16,
-                           num_key_value_heads=16, intermediate_size=5632)
+                           num_key_value_heads=16, intermediate_size=5632, max_position_embeddings=1024)
     prompts = random_prompts(5, 320, seed=9, lo=200, hi=400)
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2)
     runs = {}
@@ -127,6 +127,7 @@ def test_programmatic_dependent_launch_changes_nothing(tiny_checkpoint, monkeypa
         _, graphs = _engines(path, "bfloat16", block_size=16)
         runs[flag] = run_prompts(graphs, prompts, sp)
         assert graphs.describe()["executor"]["steps"].get("graph_replays", 0) > 0
+    monkeypatch.setenv("RLT_PDL", "1")
     assert pdl_enabled(torch.empty(1, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
     for a, b in zip(runs["0"], runs["1"]):
         assert a.token_ids == b.token_ids

@@ -10,7 +10,7 @@ import torch
 from rlt.attention import pdl
 
 
-def _on(monkeypatch, capability=(9, 0), hip=None, env=None, interpret=None):
+def _on(monkeypatch, capability=(9, 0), hip=None, env="1", interpret=None):
     pdl._CAPABLE.clear()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
     monkeypatch.setattr(torch.version, "hip", hip)
@@ -28,6 +28,8 @@ def test_on_for_hopper_cuda_only(monkeypatch):
     assert _on(monkeypatch, capability=(8, 0)) is False       # Ampere: no griddepcontrol
     assert _on(monkeypatch, hip="6.2") is False                # ROCm: no PDL
     assert _on(monkeypatch, env="0") is False                  # RLT_PDL=0 (A/B runs)
+    assert _on(monkeypatch, env=None) is (pdl.DEFAULT == "1")  # unset: the measured default
+    assert _on(monkeypatch, env="") is (pdl.DEFAULT == "1")    # empty (a script's unset variable): the same
     assert _on(monkeypatch, interpret="1") is False            # the interpreter runs no inline PTX
     assert pdl.pdl_enabled(torch.empty(2)) is False            # CPU tensors
 

@@ -59,7 +59,7 @@ if triton is not None:
     import triton.language as tl
     from triton.language.extra import libdevice
 
-    from rlt.attention.backends.triton_kernels.pdl import dependent_launch
+    from rlt.attention.backends.triton_kernels.pdl import dependent_wait, launch_dependents
 
     @triton.jit
     def _dot2(X, W, rows_a, rows_b, mask_a, mask_b, offs_m, mask_m, K: tl.constexpr, stride_xm, stride_wn,
@@ -97,12 +97,13 @@ if triton is not None:
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                 EVEN_K: tl.constexpr, PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr,
                                 PDL: tl.constexpr):
-        dependent_launch(PDL)
+        dependent_wait(PDL)
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_n, mask_m = cols < I, offs_m < M
         acc_g, acc_u = _dot2(X, W, cols, cols + I, mask_n, mask_n, offs_m, mask_m, K, stride_xm, stride_wn,
                              BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, PRECISION)
+        launch_dependents(PDL)
         dt = OUT.dtype.element_ty
         g = acc_g.to(dt).to(tl.float32)  # the gate/up GEMM output, rounded as F.linear rounds it
         u = acc_u.to(dt).to(tl.float32)
@@ -122,7 +123,7 @@ if triton is not None:
                                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, WRITE_KV: tl.constexpr,
                                PDL: tl.constexpr):
         """One program: rows ``[j*B, j*B+B)`` and ``[half + j*B, ...)`` of one head (RoPE partners)."""
-        dependent_launch(PDL)
+        dependent_wait(PDL)
         HALF: tl.constexpr = HEAD_DIM // 2
         CHUNKS: tl.constexpr = HALF // BLOCK_N
         pid = tl.program_id(0)
@@ -134,6 +135,7 @@ if triton is not None:
         all_n = dims_a < HALF
         acc_a, acc_b = _dot2(X, W, head * HEAD_DIM + dims_a, head * HEAD_DIM + dims_b, all_n, all_n, offs_m,
                              mask_m, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, PRECISION)
+        launch_dependents(PDL)
         dt = OUT.dtype.element_ty
         xa = acc_a.to(dt)
         xb = acc_b.to(dt)
@@ -173,7 +175,7 @@ if triton is not None:
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
         """One program: weight rows ``[j*B, j*B+B)`` over the K range of split ``program_id(1)``."""
-        dependent_launch(PDL)
+        dependent_wait(PDL)
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         split = tl.program_id(1)
         offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -181,6 +183,7 @@ if triton is not None:
         k0 = split * K_SPLIT
         acc, _ = _dot2(X + k0, W + k0, cols, cols, mask_n, mask_n, offs_m, mask_m, K_SPLIT, stride_xm, stride_wn,
                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, False, PRECISION)
+        launch_dependents(PDL)
         tl.store(PARTS + split * stride_ps + offs_m[:, None].to(tl.int64) * stride_pm + cols[None, :], acc,
                  mask=mask_m[:, None] & mask_n[None, :])
 
@@ -233,7 +236,7 @@ def _fit(tiles: Tiles, k: int, elem: int) -> Tiles:
 
 def _pdl(x: torch.Tensor) -> dict:
     """``PDL`` and the launch option of a kernel over ``x`` (rlt.attention.pdl: its contract — every
-    kernel here starts with ``dependent_launch``)."""
+    kernel here starts with ``dependent_wait`` and lets its dependents launch after its main loop)."""
     on = pdl_enabled(x)
     return {"PDL": on, **launch_options(on)}
 

@@ -41,7 +41,7 @@ try:  # Triton is optional: GPUs only.
     import triton.language as tl
     from triton.language.extra import libdevice
 
-    from rlt.attention.backends.triton_kernels.pdl import dependent_launch
+    from rlt.attention.backends.triton_kernels.pdl import dependent_wait, launch_dependents
 except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = None
 
@@ -52,7 +52,7 @@ if triton is not None:
     def _add_norm_norm_kernel(H, X, W1, W2, OUT_H, OUT_N, stride_h, stride_x, stride_xs, stride_oh, stride_on, n_cols,
                               eps, HAS_SECOND: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
                               PDL: tl.constexpr):
-        dependent_launch(PDL)  # rlt.attention.pdl (a decode step chains this between projections)
+        dependent_wait(PDL)  # rlt.attention.pdl (a decode step chains this between projections)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
@@ -68,6 +68,7 @@ if triton is not None:
         w1 = tl.load(W1 + cols, mask=mask, other=0.0)
         t = (w1.to(tl.float32) * xn.to(tl.float32)).to(OUT_H.dtype.element_ty)
         h = tl.load(H + row * stride_h + cols, mask=mask, other=0.0)
+        launch_dependents(PDL)
         hn = (h.to(tl.float32) + t.to(tl.float32)).to(OUT_H.dtype.element_ty)
         tl.store(OUT_H + row * stride_oh + cols, hn, mask=mask)
         if HAS_SECOND:

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from rlt.attention.backends.triton_kernels.paging import STEP_VARYING, key_offsets
-from rlt.attention.backends.triton_kernels.pdl import dependent_launch
+from rlt.attention.backends.triton_kernels.pdl import dependent_wait, launch_dependents
 
 
 @triton.jit
@@ -57,7 +57,7 @@ def decode_kernel(
     PRE_RESOLVED: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    dependent_launch(PDL)
+    dependent_wait(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     split = tl.program_id(2)
@@ -105,6 +105,7 @@ def decode_kernel(
         m_i = m_new
         offs_n, mask_n, kv_off = next_offs, next_mask, next_kv_off
 
+    launch_dependents(PDL)
     if not SPLIT:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)
         tl.store(out_ptr + q_start.to(tl.int64) * stride_on + head * HEAD_DIM + offs_d,
@@ -139,7 +140,7 @@ def decode_grouped_kernel(
     DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    dependent_launch(PDL)
+    dependent_wait(PDL)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -182,6 +183,7 @@ def decode_grouped_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
+    launch_dependents(PDL)
     if not SPLIT:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(out_ptr + q_start.to(tl.int64) * stride_on + heads[:, None] * HEAD_DIM + offs_d[None, :],
@@ -204,7 +206,7 @@ def merge_splits_kernel(
     BLOCK_S: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    dependent_launch(PDL)
+    dependent_wait(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)
     q_start = tl.load(qsl_ptr + row)
@@ -220,6 +222,7 @@ def merge_splits_kernel(
     l = tl.load(part_ml_ptr + part * 2 + 1, mask=mask_s, other=0.0)
     acc = tl.load(part_acc_ptr + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :],
                   mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    launch_dependents(PDL)
     w = tl.exp2(m - tl.max(m, 0))
     den = tl.sum(l * w, 0)
     out = tl.sum(acc * w[:, None], 0) / tl.where(den > 0.0, den, 1.0)
