@@ -23,10 +23,11 @@ import os
 
 import torch
 
-#: ``RLT_PDL`` when unset: off. Measured on the H200 (lease 7, Ouro-1.4B shapes, rlt-decode): with each
-#: kernel letting its dependents launch at its start, C=1 decode was 6 % slower (175.9 -> 164.8 tok/s) and
-#: C=64 2 % faster (3,358 -> 3,428); see docs/decode.md for the later-trigger variant.
-DEFAULT = "0"
+#: ``RLT_PDL`` when unset: on. Measured on the H200 (lease 7, Ouro-1.4B shapes, rlt-decode, same build back
+#: to back): with each kernel triggering its dependents after its main loop, C=1 decode 176.4 -> 189.6 tok/s
+#: (+7.5 %, 1.41 -> 1.31 ms per loop step), C=64 3,357 -> 3,447 (+2.7 %); triggering at each kernel's start
+#: instead made C=1 6 % slower (175.9 -> 164.8) — waiting programs held SM resources.
+DEFAULT = "1"
 
 _CAPABLE: dict[int, bool] = {}
 
