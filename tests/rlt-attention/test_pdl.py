@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import types
 
-import pytest
 import torch
 
 from rlt.attention import pdl
@@ -34,7 +33,8 @@ def test_on_for_hopper_cuda_only(monkeypatch):
     assert pdl.pdl_enabled(torch.empty(2)) is False            # CPU tensors
 
 
-@pytest.mark.parametrize("enabled", [True, False])
-def test_launch_options(enabled):
+def test_kernel_options(monkeypatch):
     # the interpreter's launcher takes no launch_pdl keyword, so it is passed only when on
-    assert pdl.launch_options(enabled) == ({"launch_pdl": True} if enabled else {})
+    assert pdl.kernel_options(torch.empty(2)) == {"PDL": False}
+    monkeypatch.setattr(pdl, "pdl_enabled", lambda t: True)
+    assert pdl.kernel_options(torch.empty(2)) == {"PDL": True, "launch_pdl": True}

@@ -43,6 +43,8 @@ def pdl_enabled(t: torch.Tensor) -> bool:
     return _CAPABLE[index]
 
 
-def launch_options(enabled: bool) -> dict:
-    """Extra launch keywords of a Triton kernel call (none when PDL is off: the interpreter takes none)."""
-    return {"launch_pdl": True} if enabled else {}
+def kernel_options(t: torch.Tensor) -> dict:
+    """Keywords of a launch over ``t``'s device for a kernel that follows the contract (its ``PDL``
+    constexpr parameter, plus ``launch_pdl`` when on — the interpreter's launcher takes no such keyword)."""
+    on = pdl_enabled(t)
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}

@@ -53,7 +53,7 @@ import torch
 from rlt.attention.backend import AttentionBackend, BackendSpec
 from rlt.attention.kv_cache import KVCache, KVLayout, RowScatter, portable_row_scatter
 from rlt.attention.metadata import AttentionMetadata
-from rlt.attention.pdl import launch_options, pdl_enabled
+from rlt.attention.pdl import kernel_options
 
 _LOG2E = 1.4426950408889634
 #: Most KV splits per row (the automatic policy also keeps >= ``min_keys_per_split`` keys per split).
@@ -349,8 +349,8 @@ class TritonBackend(AttentionBackend):
             acc = ml = out  # not written
         tiles = self.split_decode_tiles if splits > 1 else self.decode_tiles
         block_n = tiles.block_n if block_d <= 128 else max(16, tiles.block_n // 2)
-        pdl = pdl_enabled(q)
-        launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages, PDL=pdl, **launch_options(pdl))
+        pdl = kernel_options(q)  # rlt.attention.pdl: the decode kernels follow its contract
+        launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl)
         if variant == "grouped":
             kernels.decode_grouped_kernel[(rows, nkv, splits)](
                 q, k, v, out, acc, ml, *common, splits,
@@ -368,7 +368,7 @@ class TritonBackend(AttentionBackend):
             kernels.merge_splits_kernel[(rows, nh)](
                 out, acc, ml, common[5], out.stride(0), splits,
                 NUM_HEADS=nh, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=MAX_SPLITS,
-                num_warps=4, PDL=pdl, **launch_options(pdl),
+                num_warps=4, **pdl,
             )
 
     def _prefill(self, kernels, q, k, v, out, common, rows, nkv, group, d, block_d, block_size,

@@ -48,7 +48,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from rlt.attention.pdl import launch_options, pdl_enabled
+from rlt.attention.pdl import kernel_options
 from rlt.platform.models.fused_ops import SplitSum, _interpreting, rope_qk_, silu_mul, triton
 
 #: Most rows each fused kernel serves (above it the GEMM + elementwise kernels were as fast).
@@ -234,13 +234,6 @@ def _fit(tiles: Tiles, k: int, elem: int) -> Tiles:
     return t
 
 
-def _pdl(x: torch.Tensor) -> dict:
-    """``PDL`` and the launch option of a kernel over ``x`` (rlt.attention.pdl: its contract — every
-    kernel here starts with ``dependent_wait`` and lets its dependents launch after its main loop)."""
-    on = pdl_enabled(x)
-    return {"PDL": on, **launch_options(on)}
-
-
 def _precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
@@ -290,7 +283,7 @@ def linear_split_k(x: torch.Tensor, weight: torch.Tensor, plan: SplitPlan | None
     _linear_split_k_kernel[(triton.cdiv(n, bn), splits, triton.cdiv(m, bm))](
         x, weight, parts, m, n, k // splits, x.stride(0), weight.stride(0), parts.stride(0), parts.stride(1),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, PRECISION=_precision(x), num_warps=warps, num_stages=stages,
-        **_pdl(x))
+        **kernel_options(x))
     return SplitSum(parts, x.dtype)
 
 
@@ -305,7 +298,7 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None 
     _linear_silu_mul_kernel[(triton.cdiv(inter, bn), triton.cdiv(m, bm))](
         x, gate_up, out, m, inter, k, x.stride(0), gate_up.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0, PRECISION=_precision(x),
-        ACCURATE_EXP=not _interpreting(), num_warps=warps, num_stages=stages, **_pdl(x))
+        ACCURATE_EXP=not _interpreting(), num_warps=warps, num_stages=stages, **kernel_options(x))
     return out
 
 
@@ -332,7 +325,7 @@ def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor,
         m, kdim, x.stride(0), qkv_weight.stride(0), out.stride(0), cos.stride(0),
         NUM_Q=num_q_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         EVEN_K=kdim % bk == 0, PRECISION=_precision(x), WRITE_KV=write, num_warps=warps, num_stages=stages,
-        **_pdl(x))
+        **kernel_options(x))
     qd, kd = num_q_heads * head_dim, num_kv_heads * head_dim
     q = out[:, :qd].view(m, num_q_heads, head_dim)
     k = out[:, qd:qd + kd].view(m, num_kv_heads, head_dim)

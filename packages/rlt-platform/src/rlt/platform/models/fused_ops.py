@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from rlt.attention.pdl import launch_options, pdl_enabled
+from rlt.attention.pdl import kernel_options
 from rlt.platform.models.layers import apply_rope, rms_norm
 
 try:  # Triton is optional: GPUs only.
@@ -181,12 +181,11 @@ def add_norm_norm(h: torch.Tensor, x: torch.Tensor | SplitSum, w1: torch.Tensor,
     out_h = torch.empty_like(h)
     out_n = torch.empty_like(h) if w2 is not None else out_h
     block = triton.next_power_of_2(cols)
-    pdl = pdl_enabled(h)
     xs, splits, stride_xs = (x.parts, x.parts.shape[0], x.parts.stride(0)) if isinstance(x, SplitSum) else (x, 1, 0)
     _add_norm_norm_kernel[(rows,)](
         h, xs, w1, w2 if w2 is not None else w1, out_h, out_n, h.stride(0), xs.stride(-2), stride_xs,
         out_h.stride(0), out_n.stride(0), cols, eps, HAS_SECOND=w2 is not None, BLOCK=block, SPLITS=splits,
-        num_warps=4 if block <= 2048 else 8, PDL=pdl, **launch_options(pdl))
+        num_warps=4 if block <= 2048 else 8, **kernel_options(h))
     return out_h, (out_n if w2 is not None else None)
 
 
