@@ -10,7 +10,7 @@ from rlt.attention import pdl
 
 
 def _on(monkeypatch, capability=(9, 0), hip=None, env="1", interpret=None):
-    pdl._CAPABLE.clear()
+    pdl._CAPABILITY.clear()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
     monkeypatch.setattr(torch.version, "hip", hip)
     for name, value in (("RLT_PDL", env), ("TRITON_INTERPRET", interpret)):
@@ -31,6 +31,16 @@ def test_on_for_hopper_cuda_only(monkeypatch):
     assert _on(monkeypatch, env="") is (pdl.DEFAULT == "1")    # empty (a script's unset variable): the same
     assert _on(monkeypatch, interpret="1") is False            # the interpreter runs no inline PTX
     assert pdl.pdl_enabled(torch.empty(2)) is False            # CPU tensors
+
+
+def test_status_says_why(monkeypatch):
+    assert pdl.pdl_status(torch.device("cpu")) == (False, "cpu device: PDL is a CUDA launch attribute")
+    _on(monkeypatch, capability=(8, 6))
+    assert pdl.pdl_status(torch.device("cuda", 0)) == (False, "sm_86: griddepcontrol needs sm_90 or later")
+    _on(monkeypatch, env="0")
+    assert pdl.pdl_status(torch.device("cuda", 0)) == (False, "RLT_PDL=0")
+    _on(monkeypatch, capability=(9, 0))
+    assert pdl.pdl_status(torch.device("cuda", 0)) == (True, "sm_90 CUDA device (RLT_PDL=1)")
 
 
 def test_kernel_options(monkeypatch):

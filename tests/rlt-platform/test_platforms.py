@@ -72,3 +72,11 @@ def test_uva_switches():
     assert not d.enabled and "different address" in d.reason
     for name in ("cpu", "npu"):
         assert not decide_uva(make_platform(name), {"RLT_UVA": "1"}, probe=never).enabled
+
+
+def test_engine_describes_pdl_with_its_reason(tiny_checkpoint):
+    """/v1/engine's "pdl" entry (rlt.attention.pdl): off on CPU, saying why."""
+    from rlt.platform import EngineConfig, LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_checkpoint()), device="cpu", dtype="float32"))
+    assert engine.describe()["pdl"] == {"enabled": False, "reason": "cpu device: PDL is a CUDA launch attribute"}

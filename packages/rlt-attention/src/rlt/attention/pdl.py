@@ -29,18 +29,31 @@ import torch
 #: instead made C=1 6 % slower (175.9 -> 164.8) — waiting programs held SM resources.
 DEFAULT = "1"
 
-_CAPABLE: dict[int, bool] = {}
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
+def pdl_status(device: torch.device) -> tuple[bool, str]:
+    """Whether kernels on ``device`` launch with PDL, and why (for ``/v1/engine``)."""
+    if device.type != "cuda":
+        return False, f"{device.type} device: PDL is a CUDA launch attribute"
+    if torch.version.hip is not None:
+        return False, "ROCm: HIP has no programmatic dependent launch"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return False, "Triton interpreter"
+    if (os.environ.get("RLT_PDL") or DEFAULT) != "1":
+        return False, "RLT_PDL=0"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    major, minor = _CAPABILITY[index]
+    if major < 9:
+        return False, f"sm_{major}{minor}: griddepcontrol needs sm_90 or later"
+    return True, f"sm_{major}{minor} CUDA device" + (" (RLT_PDL=1)" if os.environ.get("RLT_PDL") == "1" else "")
 
 
 def pdl_enabled(t: torch.Tensor) -> bool:
     """Whether kernels over ``t``'s device launch with PDL (decided from the device only: graph-safe)."""
-    if t.device.type != "cuda" or torch.version.hip is not None or (os.environ.get("RLT_PDL") or DEFAULT) != "1" \
-            or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    if index not in _CAPABLE:
-        _CAPABLE[index] = torch.cuda.get_device_capability(index)[0] >= 9
-    return _CAPABLE[index]
+    return t.device.type == "cuda" and pdl_status(t.device)[0]
 
 
 def kernel_options(t: torch.Tensor) -> dict:

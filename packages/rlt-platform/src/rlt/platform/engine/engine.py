@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import attrs
 
+from rlt.attention.pdl import pdl_status
 from rlt.platform.config import EngineConfig
 from rlt.platform.engine.assembly import EngineAssembly
 from rlt.platform.engine.context import build_context
@@ -119,7 +120,8 @@ class LLMEngine:
         self.inputs.eos_token_ids = self.core.out.eos_token_ids = frozenset(ids)
 
     def describe(self) -> dict[str, Any]:
-        """Components and who provides them, the KV pool, UVA: for logs and ``/v1/engine``."""
+        """Components and who provides them, the KV pool, UVA, programmatic dependent launch of the
+        decode kernels (``rlt.attention.pdl``): for logs and ``/v1/engine``."""
         kv = self.ctx.kv
         executor = self.ctx.parts.executor
         describe_executor = getattr(executor, "describe", None)
@@ -129,6 +131,7 @@ class LLMEngine:
             "kv": {"layout": kv.layout.value, "block_size": kv.block_size, "num_blocks": kv.num_blocks,
                    "num_planes": kv.num_planes},
             "uva": {"enabled": self.ctx.uva.enabled, "reason": self.ctx.uva.reason},
+            "pdl": dict(zip(("enabled", "reason"), pdl_status(self.ctx.device))),
         }
 
     # -- requests --------------------------------------------------------------------------------
