@@ -76,7 +76,18 @@ ENGINE_SCRIPT = textwrap.dedent("""
     from rlt.platform import EngineConfig, LLMEngine, SamplingParams
     from rlt.platform.checkpoint import load_checkpoint
     from rlt.platform.models.ouro_reference import reference_generate
-    path = sys.argv[1]
+    path, min_split = sys.argv[1], int(sys.argv[2])
+    import rlt.platform.models.ouro as ouro
+    from rlt.platform.models import fused_linear
+    from rlt.platform.models.fused_ops import SplitSum
+    pieces = []
+    if min_split:  # the tiny model's K ranges are short: let split-K serve o_proj / down_proj here
+        fused_linear.MIN_SPLIT_K = min_split
+        def counted(x, w, plan=None):
+            out = fused_linear.linear_split_k(x, w, plan)
+            pieces.append(isinstance(out, SplitSum))
+            return out
+        ouro.linear_split_k = counted
     eng = LLMEngine(EngineConfig(model=path, dtype="float32", block_size=4))
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12]]
     for i, p in enumerate(prompts):
@@ -88,15 +99,18 @@ ENGINE_SCRIPT = textwrap.dedent("""
     ref = ck.family.build_reference(ck.config, ck.weights)
     for i, p in enumerate(prompts):
         assert list(done[str(i)].token_ids) == reference_generate(ref, p, max_tokens=4)[0]
+    assert not min_split or (pieces and all(pieces)), pieces   # down_proj came back in pieces every time
     print("ok")
 """)
 
 
-@pytest.mark.parametrize("head_dim", [8, 32])  # 32: q/k/v projection, RoPE and KV store in one kernel
-def test_engine_with_fused_kernels_matches_oracle_under_interpreter(tiny_checkpoint, head_dim):
+# head_dim 32: q/k/v projection, RoPE and KV store in one kernel; min_split 32: o_proj and down_proj as
+# split-K pieces summed in add_norm_norm (real shapes split K ranges of >= 1,024; the tiny model's are 64/128)
+@pytest.mark.parametrize("head_dim,min_split", [(8, 0), (32, 32)])
+def test_engine_with_fused_kernels_matches_oracle_under_interpreter(tiny_checkpoint, head_dim, min_split):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    r = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, str(tiny_checkpoint(seed=51, head_dim=head_dim))],
-                       capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, str(tiny_checkpoint(seed=51, head_dim=head_dim)),
+                        str(min_split)], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 
 

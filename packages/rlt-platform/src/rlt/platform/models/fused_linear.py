@@ -255,12 +255,13 @@ MAX_ROWS_SPLIT_K = 64
 
 def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
     """The split-K launch for ``[m, k] @ [n, k].T``: the most splits (2, 4 or 8) whose K ranges are at
-    least :data:`MIN_SPLIT_K` long and whole K tiles (256, else 128 columns); None when no split fits
-    (the caller keeps cuBLAS). Column tiles of 32 weight rows, 16 or 64 batch rows per dot tile."""
+    least :data:`MIN_SPLIT_K` long and whole K tiles (the widest of 256, 128, 64, 32 columns that
+    divides them); None when no split fits (the caller keeps cuBLAS). Column tiles of 32 weight rows,
+    16 or 64 batch rows per dot tile."""
     for splits in (8, 4, 2):
         if k // splits < MIN_SPLIT_K:
             continue
-        for bk in (256, 128):
+        for bk in (256, 128, 64, 32):
             if k % (splits * bk) == 0:
                 tiles = _fit(Tiles(16 if m <= 16 else 64, 32, bk, 4, 4), k // splits, elem)
                 return SplitPlan(tiles, splits)
