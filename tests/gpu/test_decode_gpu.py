@@ -124,11 +124,14 @@ def test_programmatic_dependent_launch_changes_nothing(tiny_checkpoint, monkeypa
     runs = {}
     for flag in ("0", "1"):
         monkeypatch.setenv("RLT_PDL", flag)
-        _, graphs = _engines(path, "bfloat16", block_size=16)
-        runs[flag] = run_prompts(graphs, prompts, sp)
+        eager, graphs = _engines(path, "bfloat16", block_size=16)
+        runs[flag, "graphs"] = run_prompts(graphs, prompts, sp)
         assert graphs.describe()["executor"]["steps"].get("graph_replays", 0) > 0
+        assert graphs.describe()["pdl"]["enabled"] == (flag == "1" and torch.cuda.get_device_capability()[0] >= 9)
+        runs[flag, "eager"] = run_prompts(eager, prompts, sp)  # the base engine: mixed prompt + decode steps
     monkeypatch.setenv("RLT_PDL", "1")
     assert pdl_enabled(torch.empty(1, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
-    for a, b in zip(runs["0"], runs["1"]):
-        assert a.token_ids == b.token_ids
-        assert a.logprobs == b.logprobs and len(a.logprobs) == 12
+    for path_kind in ("graphs", "eager"):
+        for a, b in zip(runs["0", path_kind], runs["1", path_kind]):
+            assert a.token_ids == b.token_ids, path_kind
+            assert a.logprobs == b.logprobs and len(a.logprobs) == 12, path_kind
