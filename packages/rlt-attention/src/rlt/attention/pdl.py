@@ -4,16 +4,17 @@ A decode loop step is a chain of small kernels (per layer: q/k/v + RoPE, attenti
 add + norm, gate/up + SiLU, down_proj, add + norm) that each stream a few MB; between two of them the
 GPU drains the first, flushes it, then launches and ramps up the second — microseconds per boundary,
 paid eight times per layer. With PDL (Hopper and later, ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
-SERIALIZATION``) a kernel is launched while its predecessor still runs: its programs start, signal
-their own dependents, and block in ``griddepcontrol.wait`` until the predecessor has completed and
-its memory is visible (:mod:`rlt.attention.backends.triton_kernels.pdl`).
+SERIALIZATION``) a kernel is launched while its predecessor still runs: its programs start and block
+in ``griddepcontrol.wait`` until the predecessor has completed and its memory is visible, and after
+their main loop signal that their own dependent may launch
+(:mod:`rlt.attention.backends.triton_kernels.pdl`).
 
 The contract that keeps this exact: a kernel launched with PDL calls ``dependent_wait`` before any
 global load of data another kernel writes and before any global store, so what it computes is
 unchanged (bit-identical to a plain launch); only the launch latency overlaps. Kernels that do not
 follow the contract are never launched with PDL. Works under CUDA-graph capture (programmatic
-edges). Each kernel lets its dependents launch after its main loop, not at its start (programs that
-wait hold SM resources). ``RLT_PDL=1`` turns it on, ``0`` off; unset: :data:`DEFAULT`. Never
+edges). The signal comes after the main loop, not at the start: programs that wait hold SM
+resources (measured below). ``RLT_PDL=1`` turns it on, ``0`` off; unset: :data:`DEFAULT`. Never
 on ROCm, before sm_90, or under the Triton interpreter.
 """
 
