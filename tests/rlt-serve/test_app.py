@@ -12,7 +12,7 @@ import pytest
 from fastapi import APIRouter
 from starlette.testclient import TestClient
 
-from rlt.platform import EngineConfig, LLMEngine
+from rlt.platform import EngineConfig
 from rlt.platform.features import FeatureStatus
 from rlt.serve.app import create_app
 from rlt.serve.feature import HttpOptions

@@ -7,7 +7,7 @@ import pytest
 
 from rlt.platform import SamplingParams
 from rlt.platform.errors import ConfigError, InvalidRequestError
-from rlt.spec.feature import SpecOptions, features
+from rlt.spec.feature import SpecOptions
 from spec_helpers import drain, spec_engine
 
 

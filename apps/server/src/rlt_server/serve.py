@@ -18,12 +18,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Any, Iterable, Sequence
-
-import attrs
+from typing import Any, Sequence
 
 from rlt.platform.checkpoint.demo import DEMO_NAME
-from rlt.platform.composition import format_feature_table
+from rlt.platform.composition import CompositionPlan, format_feature_table
 from rlt.platform.features import Feature
 from rlt_server.common import add_engine_arguments, add_feature_flags, die, engine_config, plan
 
@@ -61,7 +59,7 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _require_http(p: Plan) -> None:
+def _require_http(p: CompositionPlan) -> None:
     st = next((s for s in p.table if s.name == HTTP_FEATURE), None)
     if st is None or not st.installed:
         die("rlt-serve is importable but its feature entry point (rlt.features: http) is not registered; "

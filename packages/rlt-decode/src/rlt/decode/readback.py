@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import numpy as np
 import torch
 
 from rlt.platform.engine.interfaces import StepResult

@@ -51,7 +51,7 @@ from rlt.platform.engine.interfaces import Row, StepPlan, StepResult, Wrapped
 from rlt.platform.engine.request import Request
 from rlt.platform.errors import InvalidRequestError
 from rlt.spec.adaptive import AcceptanceTracker
-from rlt.spec.rows import CHAIN, DRAFT, ON_DEVICE, PLAIN, VERIFY, ChainRow, DraftRow, VerifyRow, ring_entry, row_column
+from rlt.spec.rows import CHAIN, ON_DEVICE, PLAIN, VERIFY, ChainRow, DraftRow, VerifyRow, ring_entry, row_column
 from rlt.spec.stats import SpecStats
 
 #: this feature's name in ``Request.preemption_holds``
