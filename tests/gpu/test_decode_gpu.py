@@ -121,16 +121,22 @@ def test_programmatic_dependent_launch_changes_nothing(tiny_checkpoint, monkeypa
                            num_key_value_heads=16, intermediate_size=5632, max_position_embeddings=1024)
     prompts = random_prompts(5, 320, seed=9, lo=200, hi=400)
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2)
+    from rlt.attention import pdl
+
     runs = {}
     for flag in ("0", "1"):
         monkeypatch.setenv("RLT_PDL", flag)
+        pdl.refresh()  # read at import otherwise
         eager, graphs = _engines(path, "bfloat16", block_size=16)
         runs[flag, "graphs"] = run_prompts(graphs, prompts, sp)
         assert graphs.describe()["executor"]["steps"].get("graph_replays", 0) > 0
         assert graphs.describe()["pdl"]["enabled"] == (flag == "1" and torch.cuda.get_device_capability()[0] >= 9)
         runs[flag, "eager"] = run_prompts(eager, prompts, sp)  # the base engine: mixed prompt + decode steps
     monkeypatch.setenv("RLT_PDL", "1")
+    pdl.refresh()
     assert pdl_enabled(torch.empty(1, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
+    monkeypatch.delenv("RLT_PDL")
+    pdl.refresh()  # back to the default for the tests after this one
     for path_kind in ("graphs", "eager"):
         for a, b in zip(runs["0", path_kind], runs["1", path_kind]):
             assert a.token_ids == b.token_ids, path_kind

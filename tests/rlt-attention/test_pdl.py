@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
 from rlt.attention import pdl
 
 
 def _on(monkeypatch, capability=(9, 0), hip=None, env="1", interpret=None):
-    pdl._CAPABILITY.clear()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
     monkeypatch.setattr(torch.version, "hip", hip)
     for name, value in (("RLT_PDL", env), ("TRITON_INTERPRET", interpret)):
@@ -18,7 +18,14 @@ def _on(monkeypatch, capability=(9, 0), hip=None, env="1", interpret=None):
             monkeypatch.delenv(name, raising=False)
         else:
             monkeypatch.setenv(name, value)
+    pdl.refresh()
     return pdl.pdl_enabled(types.SimpleNamespace(device=torch.device("cuda", 0)))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_setting():
+    yield
+    pdl.refresh()  # after monkeypatch restored the environment
 
 
 def test_on_for_hopper_cuda_only(monkeypatch):
@@ -48,3 +55,12 @@ def test_kernel_options(monkeypatch):
     assert pdl.kernel_options(torch.empty(2)) == {"PDL": False}
     monkeypatch.setattr(pdl, "pdl_enabled", lambda t: True)
     assert pdl.kernel_options(torch.empty(2)) == {"PDL": True, "launch_pdl": True}
+
+
+def test_environment_is_read_once(monkeypatch):
+    """A launch pays one dict lookup, not environment reads: RLT_PDL changes take effect on refresh()."""
+    assert _on(monkeypatch, env="1") is True
+    monkeypatch.setenv("RLT_PDL", "0")
+    assert pdl.pdl_enabled(types.SimpleNamespace(device=torch.device("cuda", 0))) is True  # cached
+    pdl.refresh()
+    assert pdl.pdl_enabled(types.SimpleNamespace(device=torch.device("cuda", 0))) is False

@@ -14,8 +14,9 @@ global load of data another kernel writes and before any global store, so what i
 unchanged (bit-identical to a plain launch); only the launch latency overlaps. Kernels that do not
 follow the contract are never launched with PDL. Works under CUDA-graph capture (programmatic
 edges). The signal comes after the main loop, not at the start: programs that wait hold SM
-resources (measured below). ``RLT_PDL=1`` turns it on, ``0`` off; unset: :data:`DEFAULT`. Never
-on ROCm, before sm_90, or under the Triton interpreter.
+resources (measured below). ``RLT_PDL=1`` turns it on, ``0`` off; unset: :data:`DEFAULT` (read once,
+at import; :func:`refresh` reads it again). Never on ROCm, before sm_90, or under the Triton
+interpreter.
 """
 
 from __future__ import annotations
@@ -30,7 +31,31 @@ import torch
 #: instead made C=1 6 % slower (175.9 -> 164.8) — waiting programs held SM resources.
 DEFAULT = "1"
 
-_CAPABILITY: dict[int, tuple[int, int]] = {}
+_ON_OPTIONS = {"PDL": True, "launch_pdl": True}
+_OFF_OPTIONS = {"PDL": False}
+
+
+class _Setting:
+    """``RLT_PDL`` / ``TRITON_INTERPRET`` as read once (a kernel launch must not pay for environment
+    lookups: eager paths are host-bound), and the per-device decisions made from them."""
+
+    def __init__(self) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.flag = os.environ.get("RLT_PDL") or DEFAULT
+        self.explicit = os.environ.get("RLT_PDL") == "1"
+        self.interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+        self.by_index: dict[int | None, bool] = {}
+
+
+_SETTING = _Setting()
+
+
+def refresh() -> None:
+    """Read ``RLT_PDL`` / ``TRITON_INTERPRET`` again (they are read when this module is imported;
+    tests that flip them call this)."""
+    _SETTING.refresh()
 
 
 def pdl_status(device: torch.device) -> tuple[bool, str]:
@@ -39,26 +64,31 @@ def pdl_status(device: torch.device) -> tuple[bool, str]:
         return False, f"{device.type} device: PDL is a CUDA launch attribute"
     if torch.version.hip is not None:
         return False, "ROCm: HIP has no programmatic dependent launch"
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if _SETTING.interpreting:
         return False, "Triton interpreter"
-    if (os.environ.get("RLT_PDL") or DEFAULT) != "1":
+    if _SETTING.flag != "1":
         return False, "RLT_PDL=0"
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _CAPABILITY:
-        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
-    major, minor = _CAPABILITY[index]
+    major, minor = torch.cuda.get_device_capability(index)
     if major < 9:
         return False, f"sm_{major}{minor}: griddepcontrol needs sm_90 or later"
-    return True, f"sm_{major}{minor} CUDA device" + (" (RLT_PDL=1)" if os.environ.get("RLT_PDL") == "1" else "")
+    return True, f"sm_{major}{minor} CUDA device" + (" (RLT_PDL=1)" if _SETTING.explicit else "")
 
 
 def pdl_enabled(t: torch.Tensor) -> bool:
-    """Whether kernels over ``t``'s device launch with PDL (decided from the device only: graph-safe)."""
-    return t.device.type == "cuda" and pdl_status(t.device)[0]
+    """Whether kernels over ``t``'s device launch with PDL (decided from the device only: graph-safe;
+    one dict lookup after the device's first call)."""
+    device = t.device
+    if device.type != "cuda":
+        return False
+    on = _SETTING.by_index.get(device.index)
+    if on is None:
+        on = _SETTING.by_index[device.index] = pdl_status(device)[0]
+    return on
 
 
 def kernel_options(t: torch.Tensor) -> dict:
     """Keywords of a launch over ``t``'s device for a kernel that follows the contract (its ``PDL``
-    constexpr parameter, plus ``launch_pdl`` when on — the interpreter's launcher takes no such keyword)."""
-    on = pdl_enabled(t)
-    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+    constexpr parameter, plus ``launch_pdl`` when on — the interpreter's launcher takes no such
+    keyword). Shared dicts: unpack them, do not change them."""
+    return _ON_OPTIONS if pdl_enabled(t) else _OFF_OPTIONS
