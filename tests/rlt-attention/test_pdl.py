@@ -10,7 +10,8 @@ import torch
 from rlt.attention import pdl
 
 
-def _on(monkeypatch, capability=(9, 0), hip=None, env="1", interpret=None):
+def _on(monkeypatch, capability=(9, 0), hip=None, env="1", interpret=None, triton_pdl=True):
+    monkeypatch.setattr(pdl, "_triton_has_pdl", lambda: triton_pdl)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
     monkeypatch.setattr(torch.version, "hip", hip)
     for name, value in (("RLT_PDL", env), ("TRITON_INTERPRET", interpret)):
@@ -37,6 +38,7 @@ def test_on_for_hopper_cuda_only(monkeypatch):
     assert _on(monkeypatch, env=None) is (pdl.DEFAULT == "1")  # unset: the measured default
     assert _on(monkeypatch, env="") is (pdl.DEFAULT == "1")    # empty (a script's unset variable): the same
     assert _on(monkeypatch, interpret="1") is False            # the interpreter runs no inline PTX
+    assert _on(monkeypatch, triton_pdl=False) is False         # a Triton before 3.3: no launch_pdl
     assert pdl.pdl_enabled(torch.empty(2)) is False            # CPU tensors
 
 
@@ -48,6 +50,11 @@ def test_status_says_why(monkeypatch):
     assert pdl.pdl_status(torch.device("cuda", 0)) == (False, "RLT_PDL=0")
     _on(monkeypatch, capability=(9, 0))
     assert pdl.pdl_status(torch.device("cuda", 0)) == (True, "sm_90 CUDA device (RLT_PDL=1)")
+
+
+def test_this_triton_has_pdl():
+    pytest.importorskip("triton")
+    assert pdl._triton_has_pdl() is True   # the pinned Triton 3.6
 
 
 def test_kernel_options(monkeypatch):

@@ -21,6 +21,7 @@ interpreter.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -58,6 +59,16 @@ def refresh() -> None:
     _SETTING.refresh()
 
 
+@functools.cache
+def _triton_has_pdl() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
 def pdl_status(device: torch.device) -> tuple[bool, str]:
     """Whether kernels on ``device`` launch with PDL, and why (for ``/v1/engine``)."""
     if device.type != "cuda":
@@ -68,6 +79,8 @@ def pdl_status(device: torch.device) -> tuple[bool, str]:
         return False, "Triton interpreter"
     if _SETTING.flag != "1":
         return False, "RLT_PDL=0"
+    if not _triton_has_pdl():
+        return False, "this Triton has no griddepcontrol / launch_pdl (Triton 3.3 or later has them)"
     index = device.index if device.index is not None else torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(index)
     if major < 9:
