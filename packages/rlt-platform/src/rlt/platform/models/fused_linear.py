@@ -32,7 +32,7 @@ from cuBLAS (as any two GEMM kernels do); fp32 uses exact ("ieee") dots.
 The dispatch (:func:`small_m_usable`) is decided from shapes and the device only, so a captured
 graph replays the same kernels: Triton on CUDA/ROCm tensors (or the interpreter), at most
 ``max_rows`` rows; anything else takes the eager ops. ``RLT_FUSED_LINEAR=0`` turns the kernels
-off, ``RLT_SPLIT_K=0`` only the split-K projections (for A/B measurements). Tiles come from :func:`_tiles` (the H200 sweep above).
+off, ``RLT_SPLIT_K=0`` only the split-K projections (A/B measurements; read at import). Tiles come from :func:`_tiles` (the H200 sweep above).
 
 The KV store in :func:`linear_rope_kv` writes the same thing at the same place as the flat-slot
 ``write_kv`` of the Torch / Triton / FlashAttention backends (``k[layer].view(-1, kv_heads * d)
@@ -188,13 +188,15 @@ if triton is not None:
                  mask=mask_m[:, None] & mask_n[None, :])
 
 
-def _enabled() -> bool:
-    return os.environ.get("RLT_FUSED_LINEAR", "1") != "0"
+#: ``RLT_FUSED_LINEAR`` / ``RLT_SPLIT_K``, read once at import (A/B switches set per process; a launch
+#: does not pay for environment lookups — eager decode paths are host-bound).
+_FUSED = os.environ.get("RLT_FUSED_LINEAR", "1") != "0"
+_SPLIT_K = os.environ.get("RLT_SPLIT_K", "1") != "0"
 
 
 def small_m_usable(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> bool:
     """Whether the decode-sized kernels serve ``x @ weight.T`` (shape and device only: graph-safe)."""
-    return (triton is not None and _enabled() and 0 < x.shape[0] <= max_rows and x.dim() == 2
+    return (triton is not None and _FUSED and 0 < x.shape[0] <= max_rows and x.dim() == 2
             and (x.is_cuda or _interpreting()) and x.dtype == weight.dtype and x.stride(-1) == 1
             and weight.stride(-1) == 1)
 
@@ -272,7 +274,7 @@ def linear_split_k(x: torch.Tensor, weight: torch.Tensor, plan: SplitPlan | None
     """``F.linear(x, weight)`` for decode-sized ``x``, as split-K partial sums (:class:`SplitSum`) for a
     consumer that reduces them in its own launch (:func:`~rlt.platform.models.fused_ops.add_norm_norm`);
     the plain ``F.linear`` result where the kernel does not serve the shape."""
-    if not small_m_usable(x, weight, MAX_ROWS_SPLIT_K) or os.environ.get("RLT_SPLIT_K", "1") == "0":
+    if not _SPLIT_K or not small_m_usable(x, weight, MAX_ROWS_SPLIT_K):
         return F.linear(x, weight)
     m, k = x.shape
     n = weight.shape[0]
