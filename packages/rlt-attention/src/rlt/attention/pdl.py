@@ -61,12 +61,14 @@ def refresh() -> None:
 
 @functools.cache
 def _triton_has_pdl() -> bool:
+    """The device side (``triton_kernels.pdl``: griddepcontrol) and the launcher option both exist."""
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
-        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+
+        from rlt.attention.backends.triton_kernels import pdl as device_side
     except ImportError:
         return False
-    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+    return device_side.gdc_wait is not None and "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
 def pdl_status(device: torch.device) -> tuple[bool, str]:

@@ -42,6 +42,7 @@ The KV store in :func:`linear_rope_kv` writes the same thing at the same place a
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple
 
@@ -250,11 +251,12 @@ class SplitPlan(NamedTuple):
 #: Shortest K range one split-K program streams: splits shorter than this lost to fewer, longer ones on the
 #: H200 (o_proj [2048, 2048] at one row: 8 splits of 256 took 8.8 us with its add_norm_norm, 2 of 1024
 #: 7.4 us, cuBLAS 8.1 us; down_proj [2048, 5632]: 4 splits of 1408 took 11.3 us, cuBLAS 13.5 us —
-#: benchmarks/results/h200-20261204-lease7).
+#: benchmarks/results/h200-20261204-lease7). Read when a shape is first planned (split_plan is cached).
 MIN_SPLIT_K = 1024
 MAX_ROWS_SPLIT_K = 64
 
 
+@functools.lru_cache(maxsize=1024)  # asked at every launch (eager steps are host-bound); pure in its ints
 def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
     """The split-K launch for ``[m, k] @ [n, k].T``: the most splits (2, 4 or 8) whose K ranges are at
     least :data:`MIN_SPLIT_K` long and whole K tiles (the widest of 256, 128, 64, 32 columns that
