@@ -9,10 +9,12 @@ Two parts, each timed as CUDA-graph replays of a sequence of calls over distinct
   traffic, and checks each fused result against the unfused one; the plain projections (o_proj,
   down_proj, LM head) are timed on cuBLAS for the per-layer accounting, and o_proj / down_proj also with
   the add_norm_norm that consumes them: cuBLAS + the plain kernel against split-K pieces summed inside it
-  (``linear_split_k``), at the default plan and over a plan sweep.
+  (``linear_split_k``), at the default plan and over a plan sweep, and (rows <= MAX_ROWS_FOLD) with the
+  add_norm_norm folded into the split-K launch (``rlt.attention.fold``).
 * ``attention`` — the Triton paged decode kernel per layer at C rows x context, for split policies
   (``min_keys_per_split``) and split tile sizes, with slots resolved once per step (``prepare``) or
-  per call; reports us per layer against the KV byte floor.
+  per call, and the default policy with the merge folded into the decode kernel (``rlt.attention.fold``);
+  reports us per layer against the KV byte floor.
 
     python -m benchmarks.decode_kernels --out results.json            # everything
     python -m benchmarks.decode_kernels --parts linear --rows 1,64     # a subset
@@ -26,12 +28,14 @@ import argparse
 import itertools
 import json
 import math
+import os
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
+from rlt.attention import fold
 from rlt.platform.models import fused_linear as fl
 from rlt.platform.models.fused_ops import add_norm_norm, rope_qk_, silu_mul
 from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
@@ -133,7 +137,8 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
                 print(f"{name:14s} m={m:4d}  cuBLAS {row['unfused_us']:7.1f} us ({row['unfused_gbps']:6.0f} GB/s)"
                       + (f"  | +add_norm_norm: cuBLAS {row['cublas_norm_us']:6.1f} us, split-K {row['split_norm_us']:6.1f} us "
                          f"{tuple(row['split_plan'])} err {row['split_err']:.1e}" if "split_norm_us" in row else "")
-                      + (f"  best {row['split_best_us']:6.1f} us {tuple(row['split_best_plan'])}" if "split_best_us" in row else ""),
+                      + (f"  best {row['split_best_us']:6.1f} us {tuple(row['split_best_plan'])}" if "split_best_us" in row else "")
+                      + (f"  folded {row['fold_norm_us']:6.1f} us (equal: {row['fold_equal']})" if "fold_norm_us" in row else ""),
                       flush=True)
                 continue
             err = rel_err(fused(ws[0]), unfused(ws[0]))
@@ -201,6 +206,12 @@ def bench_split_k(ws: list[torch.Tensor], x: torch.Tensor, nbytes: int, sweep: b
             return out
         out.update(split_plan=[list(plan.tiles), plan.splits], split_err=rel_err(split(ws[0]), base(ws[0])),
                    split_norm_us=graph_time_ms(lambda: [split(w) for w in ws]) / len(ws) * 1e3)
+        if m <= fl.MAX_ROWS_FOLD:  # rlt.attention.fold: add_norm_norm run by the last split-K program
+            def folded(w):
+                return fl._FoldedSplitK(x, w, plan).add_norm_norm(h, w1, w2, 1e-6)[1]
+
+            out.update(fold_norm_us=graph_time_ms(lambda: [folded(w) for w in ws]) / len(ws) * 1e3,
+                       fold_equal=bool(torch.equal(folded(ws[0]), split(ws[0]))))
         if sweep:
             best = None
             for p in _split_plans(m):
@@ -255,7 +266,11 @@ def bench_attention(cases: list[tuple[int, int]], dtype=torch.bfloat16) -> list[
         for mk, bn, st in itertools.product((32, 64, 128, 256), (16, 32, 64), (3,)):
             variants.append((f"prepare, min_keys {mk}, split tiles {bn}x{st}",
                              TritonBackend(min_keys_per_split=mk, split_decode_tiles=DecodeTiles(block_n=bn, num_stages=st)), True))
+        variants.append(("prepare, default split policy, folded merge", TritonBackend(), True))
         for label, be, use_prepare in variants:
+            os.environ["RLT_FOLD"] = "1" if "folded merge" in label else "0"  # rlt.attention.fold, read per refresh
+            fold.refresh()
+
             def step(be=be, use_prepare=use_prepare):
                 m = be.prepare(kv, meta) if use_prepare else meta
                 return [be.forward(q, kv, layer, m, HEAD_DIM ** -0.5) for layer in range(layers)]
@@ -271,6 +286,13 @@ def bench_attention(cases: list[tuple[int, int]], dtype=torch.bfloat16) -> list[
         best = min((r for r in results if r["rows"] == rows and r["context"] == ctx), key=lambda r: r["us_per_layer"])
         cur = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"].startswith("current"))
         dflt = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"] == "prepare, min_keys 256, split tiles 32x3")
+        os.environ.pop("RLT_FOLD", None)
+        fold.refresh()
+        folded = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"].endswith("folded merge"))
+        plain = next(r for r in results if r["rows"] == rows and r["context"] == ctx
+                     and r["variant"] == "prepare, min_keys 32, split tiles 32x3")  # the default policy, unfolded
+        print(f"attention C={rows:4d} ctx={ctx:6d}: default {plain['us_per_layer']:.1f} us, folded merge "
+              f"{folded['us_per_layer']:.1f} us (rel err {folded['rel_err']:.1e})", flush=True)
         print(f"attention C={rows:4d} ctx={ctx:6d}: current {cur['us_per_layer']:.1f} us, prepare+default "
               f"{dflt['us_per_layer']:.1f} us, best {best['us_per_layer']:.1f} us ({best['variant']}, splits "
               f"{best['splits']}), floor {floor_us:.1f} us", flush=True)

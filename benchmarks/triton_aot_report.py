@@ -14,6 +14,7 @@ memory with whether it fits the 227 KiB a program may use.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import re
 import subprocess
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "packages/rlt-attention/src"))
 
 POINTERS = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "part_acc_ptr": "*fp32",
-            "part_ml_ptr": "*fp32", "bt_ptr": "*i32", "td_ptr": "*i32", "seq_lens_ptr": "*i32", "qdepth_ptr": "*i32",
+            "part_ml_ptr": "*fp32", "cnt_ptr": "*i32", "bt_ptr": "*i32", "td_ptr": "*i32", "seq_lens_ptr": "*i32", "qdepth_ptr": "*i32",
             "qsl_ptr": "*i32", "slots_ptr": "*i32", "sm_scale_log2": "fp32"}
 DIV16 = set(POINTERS) - {"sm_scale_log2"} | {"stride_qn", "stride_qh", "stride_kb", "stride_ks", "stride_kh",
                                               "stride_on"}
@@ -37,6 +38,9 @@ def compile_one(fn, consts: dict, arch: int, **opts) -> dict:
 
     consts = dict(consts)
     dtype = consts.pop("_dtype", "bf16")
+    for p in fn.params:  # constexpr parameters left out take their defaults (as a JIT launch would)
+        if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty:
+            consts[p.name] = p.default
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -70,6 +74,8 @@ def variants():
         grp = dict(dec, BLOCK_G=16, DOT_PRECISION="tf32")
         yield D.decode_grouped_kernel, grp, dict(num_warps=4, num_stages=2)
         yield D.decode_grouped_kernel, dict(grp, BLOCK_N=32, SPLIT=True), dict(num_warps=4, num_stages=3)
+        yield D.decode_grouped_kernel, dict(grp, BLOCK_N=32, SPLIT=True, FOLD=True, BLOCK_S=64), \
+            dict(num_warps=4, num_stages=3)
         yield D.decode_grouped_kernel, dict(grp, GROUP=4), dict(num_warps=4, num_stages=3)
         pre_c = dict(GROUP=1, GROUP_PAD=1, HEAD_DIM=128, BLOCK_D=128, BLOCK_SIZE=16, BLOCK_Q=128, BLOCK_M=128,
                      BLOCK_N=64, LAST_EXITED=True, SKIP_SINGLE=False, PRE_RESOLVED=pre, DOT_PRECISION="tf32")
@@ -92,7 +98,7 @@ def main(argv=None) -> int:
     rows = []
     for fn, consts, opts in variants():
         tiles = {k: v for k, v in consts.items()
-                 if k.startswith("BLOCK") or k in ("SPLIT", "GROUP", "PRE_RESOLVED", "_dtype")}
+                 if k.startswith("BLOCK") or k in ("SPLIT", "FOLD", "GROUP", "PRE_RESOLVED", "_dtype")}
         res = compile_one(fn, consts, args.arch, **opts)
         rows.append({"kernel": fn.__name__, "constexprs": tiles, "options": opts, **res})
         print(f"{fn.__name__:22} {json.dumps(tiles)} {json.dumps(opts)} "

@@ -9,7 +9,9 @@
 # VARIANTS (default "base decode"; nopipe = rlt-decode without its pipeline; unfused = rlt-decode with
 # the small-M linear kernels off, RLT_FUSED_LINEAR=0; nosplit = rlt-decode with o_proj / down_proj on
 # cuBLAS instead of split-K, RLT_SPLIT_K=0; nopdl = rlt-decode with plain kernel launches instead of
-# programmatic dependent launch, RLT_PDL=0; pdl = rlt-decode with it, RLT_PDL=1; copy = rlt-decode with step metadata copied,
+# programmatic dependent launch, RLT_PDL=0; pdl = rlt-decode with it, RLT_PDL=1; fold = rlt-decode with the
+# last-arriver folds (merge into decode attention, add_norm_norm into split-K), RLT_FOLD=1; prefetch = rlt-decode
+# with weight L2 prefetch before the PDL wait, RLT_PREFETCH=1; copy = rlt-decode with step metadata copied,
 # RLT_UVA=0, instead of read by the mapped-memory kernel), BENCH_ARGS (e.g. --no-sync-steps: no device
 # synchronise after each step, which a pipelined loop needs to overlap), KERNELS=1 (first the kernel
 # micro-benchmarks, benchmarks/decode_kernels.py, with KERNEL_ARGS), PROFILE="c=1,in=1024 ..." (a
@@ -40,6 +42,8 @@ for variant in ${VARIANTS:-base decode}; do
   fused=1
   split=1
   pdl=${RLT_PDL:-}
+  foldv=${RLT_FOLD:-}
+  prefetch=${RLT_PREFETCH:-}
   uva=
   case $variant in  # base: the base engine; decode: rlt-decode's features; nopipe: rlt-decode without its pipeline
     decode) extra=(--feature-module rlt.decode.feature) ;;
@@ -49,8 +53,11 @@ for variant in ${VARIANTS:-base decode}; do
     nosplit) extra=(--feature-module rlt.decode.feature); split=0 ;;
     nopdl) extra=(--feature-module rlt.decode.feature); pdl=0 ;;
     pdl) extra=(--feature-module rlt.decode.feature); pdl=1 ;;
+    fold) extra=(--feature-module rlt.decode.feature); foldv=1 ;;
+    prefetch) extra=(--feature-module rlt.decode.feature); prefetch=1 ;;
+    foldprefetch) extra=(--feature-module rlt.decode.feature); foldv=1; prefetch=1 ;;
   esac
-  RLT_PDL=$pdl RLT_SPLIT_K=$split RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
+  RLT_FOLD=$foldv RLT_PREFETCH=$prefetch RLT_PDL=$pdl RLT_SPLIT_K=$split RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
     --work-dir /tmp/rlt-bench --out-dir "$OUT/$variant" --reps 3 --warmup-output-len 4 "${extra[@]}" ${BENCH_ARGS:-} "${WORKLOADS[@]}" \
     > "$OUT/$variant.log" 2>&1
   echo "== $variant"; grep -E "^\| (c1-1k|c64-1k|c128-1k|c64-1k-adaptive) \| triton" "$OUT/$variant/results.md" || tail -20 "$OUT/$variant.log"

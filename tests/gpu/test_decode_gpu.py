@@ -110,34 +110,40 @@ def test_pipelined_graph_decode_equals_eager_fp32(tiny_checkpoint, threshold):
     torch.cuda.synchronize()
 
 
-def test_programmatic_dependent_launch_changes_nothing(tiny_checkpoint, monkeypatch):
-    """The decode kernels launched with PDL (rlt.attention.pdl: each waits for its predecessor before
-    touching memory) give bit-identical bf16 logprobs to plain launches, through captured graphs,
-    with split attention (long contexts) and split-K projections (head_dim 128, hidden 2048)."""
-    from rlt.attention.pdl import pdl_enabled
+@pytest.mark.parametrize("switch", ["pdl", "fold"])
+def test_device_side_switches_change_nothing(tiny_checkpoint, monkeypatch, switch):
+    """PDL (rlt.attention.pdl: each decode kernel waits for its predecessor before touching memory) and
+    the last-arriver folds (rlt.attention.fold: split attention merged, split-K o_proj / down_proj
+    normalised by the program storing the last piece) give bit-identical bf16 logprobs to the plain
+    kernels, through captured graphs and the base engine's mixed steps, with split attention (long
+    contexts) and split-K projections (head_dim 128, hidden 2048). One request at a time too, so the
+    folded split-K path (at most MAX_ROWS_FOLD rows) is taken."""
+    import importlib
+
     from rlt.platform import SamplingParams
 
+    module = importlib.import_module(f"rlt.attention.{switch}")
+    env = f"RLT_{switch.upper()}"
+    enabled = getattr(module, f"{switch}_enabled")
     path = tiny_checkpoint(seed=33, num_hidden_layers=2, hidden_size=2048, head_dim=128, num_attention_heads=16,
                            num_key_value_heads=16, intermediate_size=5632, max_position_embeddings=1024)
     prompts = random_prompts(5, 320, seed=9, lo=200, hi=400)
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2)
-    from rlt.attention import pdl
-
+    hopper = torch.cuda.get_device_capability()[0] >= 9
     runs = {}
     for flag in ("0", "1"):
-        monkeypatch.setenv("RLT_PDL", flag)
-        pdl.refresh()  # read at import otherwise
+        monkeypatch.setenv(env, flag)
+        module.refresh()  # read at import otherwise
         eager, graphs = _engines(path, "bfloat16", block_size=16)
         runs[flag, "graphs"] = run_prompts(graphs, prompts, sp)
         assert graphs.describe()["executor"]["steps"].get("graph_replays", 0) > 0
-        assert graphs.describe()["pdl"]["enabled"] == (flag == "1" and torch.cuda.get_device_capability()[0] >= 9)
+        assert graphs.describe()[switch]["enabled"] == (flag == "1" and (hopper or switch == "fold"))
         runs[flag, "eager"] = run_prompts(eager, prompts, sp)  # the base engine: mixed prompt + decode steps
-    monkeypatch.setenv("RLT_PDL", "1")
-    pdl.refresh()
-    assert pdl_enabled(torch.empty(1, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
-    monkeypatch.delenv("RLT_PDL")
-    pdl.refresh()  # back to the default for the tests after this one
-    for path_kind in ("graphs", "eager"):
+        runs[flag, "single"] = [run_prompts(graphs, [p], sp)[0] for p in prompts[:2]]
+    assert enabled(torch.empty(1, device="cuda")) == (hopper or switch == "fold")  # still RLT_..=1 here
+    monkeypatch.delenv(env)
+    module.refresh()  # back to the default for the tests after this one
+    for path_kind in ("graphs", "eager", "single"):
         for a, b in zip(runs["0", path_kind], runs["1", path_kind]):
             assert a.token_ids == b.token_ids, path_kind
             assert a.logprobs == b.logprobs and len(a.logprobs) == 12, path_kind

@@ -106,6 +106,41 @@ def test_fused_linears_match_gemm_plus_eager_tail(dtype, rows):
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_split_k_folds_add_norm_norm(dtype, monkeypatch):
+    """rlt.attention.fold on the GPU (programs concurrent): the split-K program storing a row block's last
+    piece runs add_norm_norm on those rows — bit for bit the unfolded pair, 50 launches per shape."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from rlt.attention import fold
+    from rlt.platform.models import fused_linear as fl
+    from rlt.platform.models.fused_ops import PendingProjection, SplitSum
+
+    monkeypatch.setenv("RLT_FOLD", "1")
+    fold.refresh()
+    try:
+        g = torch.Generator(device="cuda").manual_seed(7)
+        for rows in range(1, fl.MAX_ROWS_FOLD + 1):
+            for n, k in ((2048, 2048), (2048, 5632)):  # Ouro-1.4B o_proj, down_proj
+                x = torch.randn(rows, k, device="cuda", generator=g).to(dtype)
+                w = (torch.randn(n, k, device="cuda", generator=g) * k ** -0.5).to(dtype)
+                h = torch.randn(rows, n, device="cuda", generator=g).to(dtype)
+                w1 = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+                w2 = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+                plan = fl.split_plan(rows, n, k, x.element_size())
+                want_h, want_n = add_norm_norm(h, SplitSum(fl._launch_split_k(x, w, plan), dtype), w1, w2, 1e-6)
+                for _ in range(50):
+                    pending = fl.linear_split_k(x, w)
+                    assert isinstance(pending, PendingProjection)
+                    got_h, got_n = add_norm_norm(h, pending, w1, w2, 1e-6)
+                    assert torch.equal(got_h, want_h) and torch.equal(got_n, want_n), (rows, n, k)
+                torch.cuda.synchronize()
+                assert int(fl._fold_counters(x.device).abs().sum()) == 0
+    finally:
+        monkeypatch.delenv("RLT_FOLD")
+        fold.refresh()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows", [1, 5, 16, 17, 64, 65])
 def test_split_k_projection_into_add_norm_norm(dtype, rows):

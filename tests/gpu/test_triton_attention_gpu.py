@@ -83,6 +83,33 @@ def test_split_kv_counts(splits, variant):
     check(DECODE, num_splits=splits, decode_variant=variant, seed=splits)
 
 
+@pytest.mark.parametrize("variant", ["elementwise", "grouped"])
+@pytest.mark.parametrize("heads", [(16, 16), (16, 4)], ids=["mha", "gqa4"])
+def test_folded_merge_matches_merge_kernel(monkeypatch, variant, heads):
+    """rlt.attention.fold on the GPU, where split programs run concurrently: the program that stores a
+    (row, head)'s last partial merges them (acq_rel ticket, .cg loads) — bit for bit the merge kernel,
+    on 50 launches each (a missed ordering shows as a NaN from the poisoned scratch or a wrong row)."""
+    from rlt.attention import fold
+
+    for splits in (2, 33, 64):
+        pb = random_problem(DECODE, num_heads=heads[0], num_kv_heads=heads[1], head_dim=128, block_size=16,
+                            num_planes=4, layout=KVLayout.LAST_EXITED, dtype=torch.bfloat16, device=CUDA,
+                            num_layers=2, layer=1, seed=splits)
+        outs = {}
+        for flag in ("0", "1"):
+            monkeypatch.setenv("RLT_FOLD", flag)
+            fold.refresh()
+            backend = TritonBackend(poison_output=True, num_splits=splits, decode_variant=variant)
+            outs[flag] = [backend.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale).clone() for _ in range(50)]
+            (_, _, counters), = backend._scratch.values()
+            torch.cuda.synchronize()
+            assert int(counters.abs().sum()) == 0
+        monkeypatch.delenv("RLT_FOLD")
+        fold.refresh()
+        for got in outs["1"]:
+            assert torch.equal(got, outs["0"][0]), splits
+
+
 def test_one_long_row_uses_splits():
     backend = TritonBackend()
     assert backend.splits_for(1, 16, 32768, CUDA) > 16

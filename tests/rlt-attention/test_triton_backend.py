@@ -84,6 +84,33 @@ def test_split_kv_decode(splits, variant, pre):
           **SMALL)
 
 
+@pytest.mark.parametrize("variant", ["elementwise", "grouped"])
+@pytest.mark.parametrize("heads,splits", [("gqa2", 3), ("mha", 8), ("gqa3", 2)])
+def test_folded_merge_is_the_merge_kernel(monkeypatch, variant, heads, splits):
+    """rlt.attention.fold: the decode program storing a (row, head)'s last partial merges them itself —
+    bit for bit the merge kernel's result (same sums, same order); the counters end at zero. Under the
+    interpreter programs run in order, so a fold before the last partial (or none) gives NaN/wrong rows."""
+    from rlt.attention import fold
+
+    nh, nkv = HEADS[heads]
+    pb = random_problem(MIXED_ROWS, num_heads=nh, num_kv_heads=nkv, head_dim=8, block_size=4, num_planes=4,
+                        layout=KVLayout.LAST_EXITED, dtype=torch.float32, seed=splits, num_layers=2, layer=1)
+    outs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("RLT_FOLD", flag)
+        fold.refresh()
+        backend = TritonBackend(poison_output=True, num_splits=splits, decode_variant=variant, **SMALL)
+        outs[flag] = backend.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale)
+        assert fold.fold_enabled(pb.query) is (flag == "1")
+        (_, _, counters), = backend._scratch.values()
+        assert int(counters.abs().sum()) == 0
+    monkeypatch.delenv("RLT_FOLD")
+    fold.refresh()
+    assert not torch.isnan(outs["1"]).any()
+    assert torch.equal(outs["1"], outs["0"])
+    assert rel_err(outs["1"], REF.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale)) < TOL[torch.float32]
+
+
 def test_auto_split_policy_is_exercised():
     backend = TritonBackend(min_keys_per_split=16)
     cpu = torch.device("cpu")  # the interpreter pretends to have 16 SMs

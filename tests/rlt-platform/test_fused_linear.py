@@ -78,6 +78,49 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+FOLD_SCRIPT = textwrap.dedent("""
+    import torch
+    import torch.nn.functional as F
+    from rlt.attention import fold
+    from rlt.platform.models import fused_linear as fl
+    from rlt.platform.models.fused_ops import PendingProjection, SplitSum, add_norm_norm
+    assert fold.fold_enabled(torch.empty(1))          # RLT_FOLD=1 under the interpreter
+    g = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.float16):
+        for m in (1, 3, 4, 5):                          # 5: above MAX_ROWS_FOLD, the unfolded pair
+            n, k = 80, 2048                             # N = 80: a masked column tail; three column blocks
+            x = torch.randn(m, k, generator=g).to(dtype)
+            w = torch.randn(n, k, generator=g).to(dtype)
+            h = torch.randn(m, n, generator=g).to(dtype)
+            w1, w2 = (1 + 0.2 * torch.randn(n, generator=g)).to(dtype), (1 + 0.2 * torch.randn(n, generator=g)).to(dtype)
+            for plan in (fl.SplitPlan(fl.Tiles(16, 32, 64, 4, 2), 8), fl.SplitPlan(fl.Tiles(16, 16, 128, 4, 2), 2)):
+                pieces = SplitSum(fl._launch_split_k(x, w, plan), dtype)
+                got = fl.linear_split_k(x, w, plan)
+                if m > fl.MAX_ROWS_FOLD:
+                    assert isinstance(got, SplitSum)
+                    continue
+                assert isinstance(got, PendingProjection)
+                for second in (w2, None):               # the last layer's second norm is the final norm; None: none
+                    want_h, want_n = add_norm_norm(h, pieces, w1, second, 1e-6, use_triton=True)
+                    got_h, got_n = add_norm_norm(h, got, w1, second, 1e-6)
+                    assert torch.equal(got_h, want_h), (dtype, m, plan)   # same sums, same order: bit for bit
+                    assert (got_n is None) == (second is None) and (second is None or torch.equal(got_n, want_n))
+                    assert int(fl._fold_counters(x.device).abs().sum()) == 0   # every launch leaves them zero
+                assert torch.equal(got.total(), pieces.total())
+                eh, _ = add_norm_norm(h, got, w1, w2, 1e-6, use_triton=False)  # eager consumer: total() first
+                assert torch.equal(eh, add_norm_norm(h, pieces.total(), w1, w2, 1e-6, use_triton=False)[0])
+    print("ok")
+""")
+
+
+def test_split_k_folds_add_norm_norm_under_interpreter():
+    """rlt.attention.fold: the split-K program storing a row block's last piece runs add_norm_norm itself
+    (under the interpreter programs run in order, so an early or missing fold leaves wrong/unwritten rows)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "RLT_FOLD": "1"}
+    r = subprocess.run([sys.executable, "-c", FOLD_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
 def test_fused_linear_matches_eager_under_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)

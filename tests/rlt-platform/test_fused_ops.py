@@ -79,13 +79,14 @@ ENGINE_SCRIPT = textwrap.dedent("""
     path, min_split = sys.argv[1], int(sys.argv[2])
     import rlt.platform.models.ouro as ouro
     from rlt.platform.models import fused_linear
-    from rlt.platform.models.fused_ops import SplitSum
-    pieces = []
+    from rlt.platform.models.fused_ops import PendingProjection, SplitSum
+    pieces, folded = [], []
     if min_split:  # the tiny model's K ranges are short: let split-K serve o_proj / down_proj here
         fused_linear.MIN_SPLIT_K = min_split
         def counted(x, w, plan=None):
             out = fused_linear.linear_split_k(x, w, plan)
-            pieces.append(isinstance(out, SplitSum))
+            pieces.append(isinstance(out, (SplitSum, PendingProjection)))
+            folded.append(isinstance(out, PendingProjection))
             return out
         ouro.linear_split_k = counted
     eng = LLMEngine(EngineConfig(model=path, dtype="float32", block_size=4))
@@ -100,15 +101,18 @@ ENGINE_SCRIPT = textwrap.dedent("""
     for i, p in enumerate(prompts):
         assert list(done[str(i)].token_ids) == reference_generate(ref, p, max_tokens=4)[0]
     assert not min_split or (pieces and all(pieces)), pieces   # down_proj came back in pieces every time
+    from rlt.attention.fold import fold_enabled
+    assert any(folded) == (bool(min_split) and fold_enabled(torch.empty(1))), folded  # RLT_FOLD=1: decode rows fold
     print("ok")
 """)
 
 
 # head_dim 32: q/k/v projection, RoPE and KV store in one kernel; min_split 32: o_proj and down_proj as
-# split-K pieces summed in add_norm_norm (real shapes split K ranges of >= 1,024; the tiny model's are 64/128)
-@pytest.mark.parametrize("head_dim,min_split", [(8, 0), (32, 32)])
-def test_engine_with_fused_kernels_matches_oracle_under_interpreter(tiny_checkpoint, head_dim, min_split):
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+# split-K pieces summed in add_norm_norm (real shapes split K ranges of >= 1,024; the tiny model's are 64/128);
+# fold "1": decode rows' split-K launches run add_norm_norm themselves (rlt.attention.fold)
+@pytest.mark.parametrize("head_dim,min_split,fold", [(8, 0, "0"), (32, 32, "0"), (32, 32, "1")])
+def test_engine_with_fused_kernels_matches_oracle_under_interpreter(tiny_checkpoint, head_dim, min_split, fold):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "RLT_FOLD": fold}
     r = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, str(tiny_checkpoint(seed=51, head_dim=head_dim)),
                         str(min_split)], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]

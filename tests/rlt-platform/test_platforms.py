@@ -74,9 +74,14 @@ def test_uva_switches():
         assert not decide_uva(make_platform(name), {"RLT_UVA": "1"}, probe=never).enabled
 
 
-def test_engine_describes_pdl_with_its_reason(tiny_checkpoint):
-    """/v1/engine's "pdl" entry (rlt.attention.pdl): off on CPU, saying why."""
+def test_engine_describes_pdl_and_fold_with_their_reasons(tiny_checkpoint, monkeypatch):
+    """/v1/engine's "pdl" and "fold" entries (rlt.attention.pdl / .fold): off on CPU, saying why."""
+    from rlt.attention import fold
     from rlt.platform import EngineConfig, LLMEngine
 
+    monkeypatch.delenv("RLT_FOLD", raising=False)
+    fold.refresh()
     engine = LLMEngine(EngineConfig(model=str(tiny_checkpoint()), device="cpu", dtype="float32"))
-    assert engine.describe()["pdl"] == {"enabled": False, "reason": "cpu device: PDL is a CUDA launch attribute"}
+    described = engine.describe()
+    assert described["pdl"] == {"enabled": False, "reason": "cpu device: PDL is a CUDA launch attribute"}
+    assert described["fold"] == {"enabled": False, "reason": "off by default (RLT_FOLD=1 turns it on)"}

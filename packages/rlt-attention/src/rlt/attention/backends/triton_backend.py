@@ -13,7 +13,8 @@ so a step can be captured in a graph and replayed):
   software-pipelines with cp.async; measured faster on the H200 than the MMA-free
   :func:`decode_kernel`, which ``decode_variant="elementwise"`` selects). When rows x head programs
   are too few to fill the device, the KV range of each row is split (flash-decoding; split count a
-  run-time argument) and a merge kernel combines the partials.
+  run-time argument) and a merge kernel combines the partials — or, with ``rlt.attention.fold`` on, the
+  decode program that stores a row's last partial combines them (no merge launch).
 * otherwise — :func:`prefill_kernel` for the multi-token rows; when the batch has several rows the
   decode kernel runs too and takes the rows of query length 1 (each kernel skips the other's rows
   on the device), so a mixed prefill + decode batch gets the right kernel per row.
@@ -53,6 +54,7 @@ import torch
 from rlt.attention.backend import AttentionBackend, BackendSpec
 from rlt.attention.kv_cache import KVCache, KVLayout, RowScatter, portable_row_scatter
 from rlt.attention.metadata import AttentionMetadata
+from rlt.attention.fold import fold_enabled
 from rlt.attention.pdl import kernel_options
 
 _LOG2E = 1.4426950408889634
@@ -175,7 +177,7 @@ class TritonBackend(AttentionBackend):
         #: result that passes proves every element was written (costs a fill; off in serving).
         self.poison_output = poison_output
         self._kernels = None
-        self._scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._sm_count: dict[torch.device, int] = {}
 
     def describe(self) -> str:
@@ -230,7 +232,9 @@ class TritonBackend(AttentionBackend):
         if buf is None:
             acc = torch.empty(rows * heads * splits * head_dim, dtype=torch.float32, device=device)
             ml = torch.empty(rows * heads * splits * 2, dtype=torch.float32, device=device)
-            buf = self._scratch[key] = (acc, ml)
+            # the folded merge's ticket counters: zero, and zero again after every launch (never poisoned)
+            counters = torch.zeros(rows * heads, dtype=torch.int32, device=device)
+            buf = self._scratch[key] = (acc, ml, counters)
         if self.poison_output:
             buf[0].fill_(float("nan"))
             buf[1].fill_(float("nan"))
@@ -343,28 +347,30 @@ class TritonBackend(AttentionBackend):
             variant = "grouped"
         head_programs = nkv if variant == "grouped" else nh
         splits = self.splits_for(rows, head_programs, max_seq_len, q.device)
+        fold = splits > 1 and fold_enabled(q)
         if splits > 1:
-            acc, ml = self._split_scratch(rows, nh, splits, d, q.device)
+            acc, ml, counters = self._split_scratch(rows, nh, splits, d, q.device)
         else:
-            acc = ml = out  # not written
+            acc = ml = counters = out  # not written
         tiles = self.split_decode_tiles if splits > 1 else self.decode_tiles
         block_n = tiles.block_n if block_d <= 128 else max(16, tiles.block_n // 2)
         pdl = kernel_options(q)  # rlt.attention.pdl: the decode kernels follow its contract
         launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl)
         if variant == "grouped":
             kernels.decode_grouped_kernel[(rows, nkv, splits)](
-                q, k, v, out, acc, ml, *common, splits,
+                q, k, v, out, acc, ml, counters, *common, splits,
                 NUM_HEADS=nh, GROUP=group, BLOCK_G=max(16, _next_pow2(group)), HEAD_DIM=d, BLOCK_D=block_d,
                 BLOCK_SIZE=block_size, BLOCK_N=max(16, block_n), SPLIT=splits > 1, LAST_EXITED=last_exited,
-                PRE_RESOLVED=pre, DOT_PRECISION=precision, **launch,
+                PRE_RESOLVED=pre, DOT_PRECISION=precision, FOLD=fold, BLOCK_S=MAX_SPLITS, **launch,
             )
         else:
             kernels.decode_kernel[(rows, nh, splits)](
-                q, k, v, out, acc, ml, *common, splits,
+                q, k, v, out, acc, ml, counters, *common, splits,
                 NUM_HEADS=nh, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=block_size,
-                BLOCK_N=block_n, SPLIT=splits > 1, LAST_EXITED=last_exited, PRE_RESOLVED=pre, **launch,
+                BLOCK_N=block_n, SPLIT=splits > 1, LAST_EXITED=last_exited, PRE_RESOLVED=pre, FOLD=fold,
+                BLOCK_S=MAX_SPLITS, **launch,
             )
-        if splits > 1:
+        if splits > 1 and not fold:
             kernels.merge_splits_kernel[(rows, nh)](
                 out, acc, ml, common[5], out.stride(0), splits,
                 NUM_HEADS=nh, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_S=MAX_SPLITS,

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import attrs
 
+from rlt.attention.fold import fold_status
 from rlt.attention.pdl import pdl_status
 from rlt.platform.config import EngineConfig
 from rlt.platform.engine.assembly import EngineAssembly
@@ -121,7 +122,8 @@ class LLMEngine:
 
     def describe(self) -> dict[str, Any]:
         """Components and who provides them, the KV pool, UVA, programmatic dependent launch of the
-        decode kernels (``rlt.attention.pdl``): for logs and ``/v1/engine``."""
+        decode kernels (``rlt.attention.pdl``) and their last-arriver folds (``rlt.attention.fold``): for
+        logs and ``/v1/engine``."""
         kv = self.ctx.kv
         executor = self.ctx.parts.executor
         describe_executor = getattr(executor, "describe", None)
@@ -132,6 +134,7 @@ class LLMEngine:
                    "num_planes": kv.num_planes},
             "uva": {"enabled": self.ctx.uva.enabled, "reason": self.ctx.uva.reason},
             "pdl": dict(zip(("enabled", "reason"), pdl_status(self.ctx.device))),
+            "fold": dict(zip(("enabled", "reason"), fold_status(self.ctx.device))),
         }
 
     # -- requests --------------------------------------------------------------------------------

@@ -49,8 +49,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from rlt.attention.fold import fold_enabled
 from rlt.attention.pdl import kernel_options
-from rlt.platform.models.fused_ops import SplitSum, _interpreting, rope_qk_, silu_mul, triton
+from rlt.platform.models.fused_ops import (PendingProjection, SplitSum, _interpreting, rope_qk_, silu_mul,
+                                          triton)
 
 #: Most rows each fused kernel serves (above it the GEMM + elementwise kernels were as fast).
 MAX_ROWS_ROPE_KV = 128
@@ -60,7 +62,9 @@ if triton is not None:
     import triton.language as tl
     from triton.language.extra import libdevice
 
+    from rlt.attention.backends.triton_kernels.fold import last_arrival, reset_counter
     from rlt.attention.backends.triton_kernels.pdl import dependent_wait, launch_dependents
+    from rlt.platform.models.fused_ops import add_norm_norm_row
 
     @triton.jit
     def _dot2(X, W, rows_a, rows_b, mask_a, mask_b, offs_m, mask_m, K: tl.constexpr, stride_xm, stride_wn,
@@ -173,9 +177,14 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["M"])
     def _linear_split_k_kernel(X, W, PARTS, M, N, K_SPLIT: tl.constexpr, stride_xm, stride_wn, stride_ps, stride_pm,
+                               CNT, H, W1, W2, OUT_H, OUT_N, stride_h, stride_oh, stride_on, eps,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                               EVEN_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
-        """One program: weight rows ``[j*B, j*B+B)`` over the K range of split ``program_id(1)``."""
+                               EVEN_K: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr,
+                               SPLITS: tl.constexpr, HAS_SECOND: tl.constexpr, BLOCK_ROW: tl.constexpr,
+                               PDL: tl.constexpr):
+        """One program: weight rows ``[j*B, j*B+B)`` over the K range of split ``program_id(1)``. With FOLD
+        the program storing the last piece of its row block runs ``add_norm_norm`` on those rows
+        (``H``, ``W1``, ``W2`` -> ``OUT_H``, ``OUT_N``; ``CNT``: one zeroed ticket counter per row block)."""
         dependent_wait(PDL)
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         split = tl.program_id(1)
@@ -187,6 +196,15 @@ if triton is not None:
         launch_dependents(PDL)
         tl.store(PARTS + split * stride_ps + offs_m[:, None].to(tl.int64) * stride_pm + cols[None, :], acc,
                  mask=mask_m[:, None] & mask_n[None, :])
+        if FOLD:
+            counter = CNT + tl.program_id(2)
+            if last_arrival(counter, tl.num_programs(0) * tl.num_programs(1)):
+                for r in range(BLOCK_M):
+                    row = tl.program_id(2) * BLOCK_M + r
+                    if row < M:
+                        add_norm_norm_row(H, PARTS, W1, W2, OUT_H, OUT_N, row, stride_h, stride_pm, stride_ps,
+                                          stride_oh, stride_on, N, eps, HAS_SECOND, BLOCK_ROW, SPLITS, ".cg", False)
+                reset_counter(counter)
 
 
 #: ``RLT_FUSED_LINEAR`` / ``RLT_SPLIT_K``, read once at import (A/B switches set per process; a launch
@@ -272,24 +290,83 @@ def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
     return None
 
 
-def linear_split_k(x: torch.Tensor, weight: torch.Tensor, plan: SplitPlan | None = None) -> torch.Tensor | SplitSum:
+#: Most rows whose split-K projection takes in the ``add_norm_norm`` after it when ``rlt.attention.fold``
+#: is on: the program that stores a row block's last piece then normalises those rows alone (per row it
+#: reads ``splits`` x 4 bytes x N of pieces through one SM — cheap for one row, a serial tail for 16).
+#: Not yet measured: ``benchmarks/decode_kernels.py --shapes o_proj,down_proj`` with RLT_FOLD=1 decides.
+MAX_ROWS_FOLD = 4
+
+_FOLD_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _fold_counters(device: torch.device) -> torch.Tensor:
+    """The zeroed ticket counters of the folded launches on ``device`` (one per row block; every launch
+    leaves them zero, and launches on one stream never overlap, so all call sites share them)."""
+    counters = _FOLD_COUNTERS.get(device)
+    if counters is None:
+        counters = _FOLD_COUNTERS[device] = torch.zeros(triton.cdiv(MAX_ROWS_SPLIT_K, 16), dtype=torch.int32,
+                                                         device=device)
+    return counters
+
+
+def _launch_split_k(x: torch.Tensor, weight: torch.Tensor, plan: SplitPlan, fold: tuple | None = None) -> torch.Tensor:
+    """The split-K pieces of ``x @ weight.T`` (fp32 ``[splits, M, N]``); with ``fold = (h, w1, w2, out_h,
+    out_n, eps)`` the same launch also writes ``add_norm_norm(h, pieces, w1, w2, eps)`` into out_h / out_n
+    (``w2`` None: no second norm)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    (bm, bn, bk, warps, stages), splits = plan
+    parts = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    if fold is None:
+        tail = (x, x, x, x, x, x, 0, 0, 0, 0.0)  # not read (FOLD off)
+        has_second = False
+    else:
+        h, w1, w2, out_h, out_n, eps = fold
+        has_second = w2 is not None
+        tail = (_fold_counters(x.device), h, w1, w2 if has_second else w1, out_h, out_n, h.stride(0),
+                out_h.stride(0), out_n.stride(0), eps)
+    _linear_split_k_kernel[(triton.cdiv(n, bn), splits, triton.cdiv(m, bm))](
+        x, weight, parts, m, n, k // splits, x.stride(0), weight.stride(0), parts.stride(0), parts.stride(1), *tail,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, PRECISION=_precision(x), FOLD=fold is not None,
+        SPLITS=splits, HAS_SECOND=has_second, BLOCK_ROW=triton.next_power_of_2(n), num_warps=warps,
+        num_stages=stages, **kernel_options(x))
+    return parts
+
+
+class _FoldedSplitK(PendingProjection):
+    """``x @ weight.T`` as split-K pieces whose ``add_norm_norm`` rides in the same launch."""
+
+    __slots__ = ("x", "weight", "plan")
+
+    def __init__(self, x: torch.Tensor, weight: torch.Tensor, plan: SplitPlan) -> None:
+        self.x, self.weight, self.plan = x, weight, plan
+
+    def total(self) -> torch.Tensor:
+        return SplitSum(_launch_split_k(self.x, self.weight, self.plan), self.x.dtype).total()
+
+    def add_norm_norm(self, h: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor | None, eps: float):
+        out_h = torch.empty_like(h)
+        out_n = torch.empty_like(h) if w2 is not None else out_h
+        _launch_split_k(self.x, self.weight, self.plan, fold=(h, w1, w2, out_h, out_n, eps))
+        return out_h, (out_n if w2 is not None else None)
+
+
+def linear_split_k(x: torch.Tensor, weight: torch.Tensor,
+                   plan: SplitPlan | None = None) -> torch.Tensor | SplitSum | PendingProjection:
     """``F.linear(x, weight)`` for decode-sized ``x``, as split-K partial sums (:class:`SplitSum`) for a
     consumer that reduces them in its own launch (:func:`~rlt.platform.models.fused_ops.add_norm_norm`);
-    the plain ``F.linear`` result where the kernel does not serve the shape."""
+    with ``rlt.attention.fold`` on and at most :data:`MAX_ROWS_FOLD` rows, a pending launch that
+    ``add_norm_norm`` runs with its work folded in; the plain ``F.linear`` result where the kernel does
+    not serve the shape."""
     if not _SPLIT_K or not small_m_usable(x, weight, MAX_ROWS_SPLIT_K):
         return F.linear(x, weight)
     m, k = x.shape
-    n = weight.shape[0]
-    plan = plan or split_plan(m, n, k, x.element_size())
+    plan = plan or split_plan(m, weight.shape[0], k, x.element_size())
     if plan is None:
         return F.linear(x, weight)
-    (bm, bn, bk, warps, stages), splits = plan
-    parts = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    _linear_split_k_kernel[(triton.cdiv(n, bn), splits, triton.cdiv(m, bm))](
-        x, weight, parts, m, n, k // splits, x.stride(0), weight.stride(0), parts.stride(0), parts.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, PRECISION=_precision(x), num_warps=warps, num_stages=stages,
-        **kernel_options(x))
-    return SplitSum(parts, x.dtype)
+    if m <= MAX_ROWS_FOLD and fold_enabled(x):
+        return _FoldedSplitK(x, weight, plan)
+    return SplitSum(_launch_split_k(x, weight, plan), x.dtype)
 
 
 def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None = None) -> torch.Tensor:

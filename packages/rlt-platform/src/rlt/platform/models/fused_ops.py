@@ -27,6 +27,7 @@ On devices without Triton the same function falls back to the eager ops in ``lay
 
 from __future__ import annotations
 
+import abc
 import os
 from typing import NamedTuple
 
@@ -49,11 +50,12 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
 if triton is not None:
 
     @triton.jit
-    def _add_norm_norm_kernel(H, X, W1, W2, OUT_H, OUT_N, stride_h, stride_x, stride_xs, stride_oh, stride_on, n_cols,
-                              eps, HAS_SECOND: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
-                              PDL: tl.constexpr):
-        dependent_wait(PDL)  # rlt.attention.pdl (a decode step chains this between projections)
-        row = tl.program_id(0)
+    def add_norm_norm_row(H, X, W1, W2, OUT_H, OUT_N, row, stride_h, stride_x, stride_xs, stride_oh, stride_on, n_cols,
+                          eps, HAS_SECOND: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+                          CACHE: tl.constexpr, PDL: tl.constexpr):
+        """One row of :func:`add_norm_norm` (also run by a split-K projection that folds it in,
+        ``fused_linear``: ``CACHE`` ".cg" there, as the pieces were written by other programs of that
+        launch)."""
         cols = tl.arange(0, BLOCK)
         mask = cols < n_cols
         if SPLITS == 1:
@@ -61,7 +63,7 @@ if triton is not None:
         else:  # X: fp32 split-K partial sums of the projection; their sum in split order, rounded as F.linear
             acc = tl.zeros([BLOCK], dtype=tl.float32)
             for s in tl.static_range(SPLITS):
-                acc += tl.load(X + s * stride_xs + row * stride_x + cols, mask=mask, other=0.0)
+                acc += tl.load(X + s * stride_xs + row * stride_x + cols, mask=mask, other=0.0, cache_modifier=CACHE)
             x = acc.to(OUT_H.dtype.element_ty).to(tl.float32)
         var = tl.sum(x * x, axis=0) / n_cols
         xn = (x * tl.rsqrt(var + eps)).to(OUT_H.dtype.element_ty)
@@ -78,6 +80,14 @@ if triton is not None:
             w2 = tl.load(W2 + cols, mask=mask, other=0.0)
             out = (w2.to(tl.float32) * n2.to(tl.float32)).to(OUT_H.dtype.element_ty)
             tl.store(OUT_N + row * stride_on + cols, out, mask=mask)
+
+    @triton.jit
+    def _add_norm_norm_kernel(H, X, W1, W2, OUT_H, OUT_N, stride_h, stride_x, stride_xs, stride_oh, stride_on, n_cols,
+                              eps, HAS_SECOND: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+                              PDL: tl.constexpr):
+        dependent_wait(PDL)  # rlt.attention.pdl (a decode step chains this between projections)
+        add_norm_norm_row(H, X, W1, W2, OUT_H, OUT_N, tl.program_id(0), stride_h, stride_x, stride_xs, stride_oh,
+                          stride_on, n_cols, eps, HAS_SECOND, BLOCK, SPLITS, "", PDL)
 
 
     @triton.jit
@@ -164,14 +174,34 @@ class SplitSum(NamedTuple):
         return acc.to(self.dtype)
 
 
-def add_norm_norm(h: torch.Tensor, x: torch.Tensor | SplitSum, w1: torch.Tensor, w2: torch.Tensor | None, eps: float,
-                  use_triton: bool | None = None):
+class PendingProjection(abc.ABC):
+    """A projection whose launch is left to its consumer: :func:`add_norm_norm` runs it and its own work
+    in one launch (``fused_linear.linear_split_k`` with ``rlt.attention.fold`` on: the split-K program
+    that stores the last piece of a row block does the add + norms); any other consumer takes
+    :meth:`total`."""
+
+    @abc.abstractmethod
+    def total(self) -> torch.Tensor:
+        """The projection itself, as the unfolded path computes it."""
+
+    @abc.abstractmethod
+    def add_norm_norm(self, h: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor | None, eps: float):
+        """:func:`add_norm_norm` of this projection, in the projection's launch."""
+
+
+def add_norm_norm(h: torch.Tensor, x: torch.Tensor | SplitSum | PendingProjection, w1: torch.Tensor,
+                  w2: torch.Tensor | None, eps: float, use_triton: bool | None = None):
     """Return ``(h + RMS_w1(x), RMS_w2(h + RMS_w1(x)))`` (the second is None when ``w2`` is None).
 
     ``x`` may be a :class:`SplitSum`; the kernel then sums its pieces first (in split order, rounded to
-    the activation dtype: the projection as ``F.linear`` returns it)."""
+    the activation dtype: the projection as ``F.linear`` returns it); or a :class:`PendingProjection`,
+    which then does all of it in its own launch."""
     if use_triton is None:
         use_triton = triton_usable(h)
+    if isinstance(x, PendingProjection):
+        if use_triton:
+            return x.add_norm_norm(h, w1, w2, eps)
+        x = x.total()
     if not use_triton:
         if isinstance(x, SplitSum):
             x = x.total()

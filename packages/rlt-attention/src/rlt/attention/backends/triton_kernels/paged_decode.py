@@ -5,7 +5,9 @@ or not" is compiled in), so a new batch size never triggers a new compile. Each 
 (``cdiv(tiles, num_splits)`` consecutive tiles) with an online softmax in fp32 (exp2 domain).
 With one split it normalises and writes the output row; with several it writes the unnormalised
 partial ``acc`` and its ``(max, sum)`` to preallocated fp32 scratch and :func:`merge_splits_kernel`
-combines them (``out = Σ acc_s 2^(m_s - M) / Σ l_s 2^(m_s - M)``). Rows whose query length is not
+combines them (``out = Σ acc_s 2^(m_s - M) / Σ l_s 2^(m_s - M)``) — or, with ``FOLD``, the program
+that stores a row's last partial combines them itself (``rlt.attention.fold``: same sums, same order,
+no merge launch; ``cnt_ptr`` holds one zeroed ticket counter per row and head program). Rows whose query length is not
 1 are skipped (a mixed batch sends them to the prefill kernel), so the grid depends only on the
 number of rows, never on device data.
 
@@ -24,6 +26,7 @@ import triton
 import triton.language as tl
 
 from rlt.attention.backends.triton_kernels.paging import STEP_VARYING, key_offsets
+from rlt.attention.backends.triton_kernels.fold import last_arrival, reset_counter
 from rlt.attention.backends.triton_kernels.pdl import dependent_wait, launch_dependents
 
 
@@ -36,9 +39,32 @@ def _split_range(seq_len, split, num_splits, BLOCK_N: tl.constexpr):
     return begin, end
 
 
+@triton.jit
+def _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, q_start, row, head, stride_on, num_splits,
+                NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                CACHE: tl.constexpr, PDL: tl.constexpr):
+    """Combine the ``num_splits`` partials of (row, head) into its output row (``CACHE`` ".cg" when other
+    programs of the running kernel wrote them: read from L2)."""
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < num_splits
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    part = (row * NUM_HEADS + head) * num_splits + offs_s
+    m = tl.load(part_ml_ptr + part * 2, mask=mask_s, other=-1.0e30, cache_modifier=CACHE)
+    l = tl.load(part_ml_ptr + part * 2 + 1, mask=mask_s, other=0.0, cache_modifier=CACHE)
+    acc = tl.load(part_acc_ptr + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :],
+                  mask=mask_s[:, None] & mask_d[None, :], other=0.0, cache_modifier=CACHE)
+    launch_dependents(PDL)
+    w = tl.exp2(m - tl.max(m, 0))
+    den = tl.sum(l * w, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(den > 0.0, den, 1.0)
+    tl.store(out_ptr + q_start.to(tl.int64) * stride_on + head * HEAD_DIM + offs_d,
+             out.to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
 @triton.jit(do_not_specialize=STEP_VARYING)
 def decode_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr,
     bt_ptr, td_ptr, slots_ptr, seq_lens_ptr, qdepth_ptr, qsl_ptr,
     sm_scale_log2,
     stride_qn, stride_qh,
@@ -55,6 +81,8 @@ def decode_kernel(
     SPLIT: tl.constexpr,
     LAST_EXITED: tl.constexpr,
     PRE_RESOLVED: tl.constexpr,
+    FOLD: tl.constexpr = False,
+    BLOCK_S: tl.constexpr = 64,
     PDL: tl.constexpr = False,
 ):
     dependent_wait(PDL)
@@ -115,11 +143,17 @@ def decode_kernel(
         tl.store(part_acc_ptr + part.to(tl.int64) * HEAD_DIM + offs_d, acc, mask=mask_d)
         tl.store(part_ml_ptr + part * 2, m_i)
         tl.store(part_ml_ptr + part * 2 + 1, l_i)
+        if FOLD:
+            counter = cnt_ptr + row * NUM_HEADS + head
+            if last_arrival(counter, num_splits):
+                _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, q_start, row, head, stride_on, num_splits,
+                            NUM_HEADS, HEAD_DIM, BLOCK_D, BLOCK_S, ".cg", False)
+                reset_counter(counter)
 
 
 @triton.jit(do_not_specialize=STEP_VARYING)
 def decode_grouped_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr,
     bt_ptr, td_ptr, slots_ptr, seq_lens_ptr, qdepth_ptr, qsl_ptr,
     sm_scale_log2,
     stride_qn, stride_qh,
@@ -138,6 +172,8 @@ def decode_grouped_kernel(
     LAST_EXITED: tl.constexpr,
     PRE_RESOLVED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FOLD: tl.constexpr = False,
+    BLOCK_S: tl.constexpr = 64,
     PDL: tl.constexpr = False,
 ):
     dependent_wait(PDL)
@@ -194,6 +230,13 @@ def decode_grouped_kernel(
                  mask=mask_g[:, None] & mask_d[None, :])
         tl.store(part_ml_ptr + part * 2, m_i, mask=mask_g)
         tl.store(part_ml_ptr + part * 2 + 1, l_i, mask=mask_g)
+        if FOLD:
+            counter = cnt_ptr + row * NUM_HEADS + kv_head * GROUP
+            if last_arrival(counter, num_splits):
+                for g in range(GROUP):
+                    _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, q_start, row, kv_head * GROUP + g, stride_on,
+                                num_splits, NUM_HEADS, HEAD_DIM, BLOCK_D, BLOCK_S, ".cg", False)
+                reset_counter(counter)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -213,18 +256,5 @@ def merge_splits_kernel(
     q_len = tl.load(qsl_ptr + row + 1) - q_start
     if q_len != 1:
         return
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < num_splits
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    part = (row * NUM_HEADS + head) * num_splits + offs_s
-    m = tl.load(part_ml_ptr + part * 2, mask=mask_s, other=-1.0e30)
-    l = tl.load(part_ml_ptr + part * 2 + 1, mask=mask_s, other=0.0)
-    acc = tl.load(part_acc_ptr + part.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :],
-                  mask=mask_s[:, None] & mask_d[None, :], other=0.0)
-    launch_dependents(PDL)
-    w = tl.exp2(m - tl.max(m, 0))
-    den = tl.sum(l * w, 0)
-    out = tl.sum(acc * w[:, None], 0) / tl.where(den > 0.0, den, 1.0)
-    tl.store(out_ptr + q_start.to(tl.int64) * stride_on + head * HEAD_DIM + offs_d,
-             out.to(out_ptr.dtype.element_ty), mask=mask_d)
+    _merge_head(out_ptr, part_acc_ptr, part_ml_ptr, q_start, row, head, stride_on, num_splits,
+                NUM_HEADS, HEAD_DIM, BLOCK_D, BLOCK_S, "", PDL)
