@@ -110,26 +110,26 @@ def test_pipelined_graph_decode_equals_eager_fp32(tiny_checkpoint, threshold):
     torch.cuda.synchronize()
 
 
-@pytest.mark.parametrize("switch", ["pdl", "fold"])
-def test_device_side_switches_change_nothing(tiny_checkpoint, monkeypatch, switch):
-    """PDL (rlt.attention.pdl: each decode kernel waits for its predecessor before touching memory) and
-    the last-arriver folds (rlt.attention.fold: split attention merged, split-K o_proj / down_proj
-    normalised by the program storing the last piece) give bit-identical bf16 logprobs to the plain
-    kernels, through captured graphs and the base engine's mixed steps, with split attention (long
-    contexts) and split-K projections (head_dim 128, hidden 2048). One request at a time too, so the
-    folded split-K path (at most MAX_ROWS_FOLD rows) is taken."""
+@pytest.mark.parametrize("env,module_name,key", [("RLT_PDL", "pdl", "pdl"), ("RLT_FOLD", "fold", "fold"),
+                                                  ("RLT_PREFETCH", "pdl", "weight_prefetch")])
+def test_device_side_switches_change_nothing(tiny_checkpoint, monkeypatch, env, module_name, key):
+    """PDL (rlt.attention.pdl: each decode kernel waits for its predecessor before touching memory), the
+    weight prefetch before that wait (RLT_PREFETCH) and the last-arriver folds (rlt.attention.fold: split
+    attention merged, split-K o_proj / down_proj normalised by the program storing the last piece) give
+    bit-identical bf16 logprobs to the plain kernels, through captured graphs and the base engine's mixed
+    steps, with split attention (long contexts) and split-K projections (head_dim 128, hidden 2048). One
+    request at a time too, so the folded split-K path (at most MAX_ROWS_FOLD rows) is taken."""
     import importlib
 
     from rlt.platform import SamplingParams
 
-    module = importlib.import_module(f"rlt.attention.{switch}")
-    env = f"RLT_{switch.upper()}"
-    enabled = getattr(module, f"{switch}_enabled")
+    module = importlib.import_module(f"rlt.attention.{module_name}")
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    expect_on = hopper or key == "fold"  # PDL and its prefetch need sm_90; the folds run on any CUDA GPU
     path = tiny_checkpoint(seed=33, num_hidden_layers=2, hidden_size=2048, head_dim=128, num_attention_heads=16,
                            num_key_value_heads=16, intermediate_size=5632, max_position_embeddings=1024)
     prompts = random_prompts(5, 320, seed=9, lo=200, hi=400)
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2)
-    hopper = torch.cuda.get_device_capability()[0] >= 9
     runs = {}
     for flag in ("0", "1"):
         monkeypatch.setenv(env, flag)
@@ -137,10 +137,10 @@ def test_device_side_switches_change_nothing(tiny_checkpoint, monkeypatch, switc
         eager, graphs = _engines(path, "bfloat16", block_size=16)
         runs[flag, "graphs"] = run_prompts(graphs, prompts, sp)
         assert graphs.describe()["executor"]["steps"].get("graph_replays", 0) > 0
-        assert graphs.describe()[switch]["enabled"] == (flag == "1" and (hopper or switch == "fold"))
+        assert graphs.describe()[key]["enabled"] == (flag == "1" and expect_on)
         runs[flag, "eager"] = run_prompts(eager, prompts, sp)  # the base engine: mixed prompt + decode steps
         runs[flag, "single"] = [run_prompts(graphs, [p], sp)[0] for p in prompts[:2]]
-    assert enabled(torch.empty(1, device="cuda")) == (hopper or switch == "fold")  # still RLT_..=1 here
+    assert graphs.describe()[key]["enabled"] == expect_on  # still =1 here
     monkeypatch.delenv(env)
     module.refresh()  # back to the default for the tests after this one
     for path_kind in ("graphs", "eager", "single"):

@@ -71,3 +71,19 @@ def test_environment_is_read_once(monkeypatch):
     assert pdl.pdl_enabled(types.SimpleNamespace(device=torch.device("cuda", 0))) is True  # cached
     pdl.refresh()
     assert pdl.pdl_enabled(types.SimpleNamespace(device=torch.device("cuda", 0))) is False
+
+
+def test_weight_prefetch_needs_pdl_and_its_switch(monkeypatch):
+    """RLT_PREFETCH=1 (off by default until measured) turns on the projection kernels' L2 prefetch before the
+    PDL wait, only where PDL itself is on."""
+    cuda = types.SimpleNamespace(device=torch.device("cuda", 0))
+    monkeypatch.delenv("RLT_PREFETCH", raising=False)
+    assert _on(monkeypatch) is True and pdl.weight_prefetch(cuda) is False
+    assert pdl.weight_prefetch_status(torch.device("cuda", 0)) == (
+        False, "off by default (RLT_PREFETCH=1 turns it on, with PDL)")
+    monkeypatch.setenv("RLT_PREFETCH", "1")
+    assert _on(monkeypatch) is True and pdl.weight_prefetch(cuda) is True
+    assert pdl.weight_prefetch_status(torch.device("cuda", 0)) == (True, "RLT_PREFETCH=1")
+    assert _on(monkeypatch, env="0") is False and pdl.weight_prefetch(cuda) is False
+    assert pdl.weight_prefetch_status(torch.device("cuda", 0)) == (False, "needs PDL, which is off: RLT_PDL=0")
+    assert pdl.weight_prefetch(torch.empty(2)) is False  # CPU tensors (the interpreter runs no inline PTX)

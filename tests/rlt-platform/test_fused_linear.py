@@ -173,3 +173,14 @@ def test_tiles_fit_shared_memory_in_every_dtype():
                     assert t.block_k <= max(16, 1 << (k - 1).bit_length())
     # bf16 keeps the swept tiles
     assert fused_linear._fit(fused_linear._tiles(1, "rope_kv"), 2048, 2) == fused_linear._tiles(1, "rope_kv")
+
+
+def test_prefetch_constexprs(monkeypatch):
+    """One L2 line (128 bytes) per prefetch request, a power-of-two count covering the row's K range; none
+    where rlt.attention.pdl.weight_prefetch is off (always on CPU)."""
+    x = torch.empty(1, 8, dtype=torch.bfloat16)
+    assert fused_linear._prefetch(x, 2048) == {"PREFETCH": False}
+    monkeypatch.setattr(fused_linear, "weight_prefetch", lambda t: True)
+    assert fused_linear._prefetch(x, 2048) == {"PREFETCH": True, "LINE": 64, "LINES": 32}
+    assert fused_linear._prefetch(x, 1408) == {"PREFETCH": True, "LINE": 64, "LINES": 32}   # 22 lines, 10 clamped
+    assert fused_linear._prefetch(x.float(), 5632) == {"PREFETCH": True, "LINE": 32, "LINES": 256}

@@ -85,3 +85,4 @@ def test_engine_describes_pdl_and_fold_with_their_reasons(tiny_checkpoint, monke
     described = engine.describe()
     assert described["pdl"] == {"enabled": False, "reason": "cpu device: PDL is a CUDA launch attribute"}
     assert described["fold"] == {"enabled": False, "reason": "off by default (RLT_FOLD=1 turns it on)"}
+    assert described["weight_prefetch"]["enabled"] is False

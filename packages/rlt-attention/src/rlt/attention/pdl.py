@@ -17,6 +17,11 @@ edges). The signal comes after the main loop, not at the start: programs that wa
 resources (measured below). ``RLT_PDL=1`` turns it on, ``0`` off; unset: :data:`DEFAULT` (read once,
 at import; :func:`refresh` reads it again). Never on ROCm, before sm_90, or under the Triton
 interpreter.
+
+Weight prefetch (``RLT_PREFETCH=1``, with PDL only; off by default until measured): the small-M
+projection kernels (``rlt.platform.models.fused_linear``) ask L2 for their weight rows before
+``griddepcontrol.wait`` — weights are never written by a kernel, so this is inside the contract — so a
+kernel's DRAM stream starts while its predecessor finishes (:func:`weight_prefetch`).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class _Setting:
     def refresh(self) -> None:
         self.flag = os.environ.get("RLT_PDL") or DEFAULT
         self.explicit = os.environ.get("RLT_PDL") == "1"
+        self.prefetch = os.environ.get("RLT_PREFETCH") == "1"
         self.interpreting = os.environ.get("TRITON_INTERPRET") == "1"
         self.by_index: dict[int | None, bool] = {}
 
@@ -107,3 +113,17 @@ def kernel_options(t: torch.Tensor) -> dict:
     constexpr parameter, plus ``launch_pdl`` when on — the interpreter's launcher takes no such
     keyword). Shared dicts: unpack them, do not change them."""
     return _ON_OPTIONS if pdl_enabled(t) else _OFF_OPTIONS
+
+
+def weight_prefetch(t: torch.Tensor) -> bool:
+    """Whether the projection kernels over ``t`` prefetch their weights into L2 before the PDL wait
+    (``RLT_PREFETCH=1`` and PDL on; graph-safe, from the device only)."""
+    return _SETTING.prefetch and pdl_enabled(t)
+
+
+def weight_prefetch_status(device: torch.device) -> tuple[bool, str]:
+    """:func:`weight_prefetch` on ``device``, and why (for ``/v1/engine``)."""
+    if not _SETTING.prefetch:
+        return False, "off by default (RLT_PREFETCH=1 turns it on, with PDL)"
+    on, why = pdl_status(device)
+    return on, ("RLT_PREFETCH=1" if on else f"needs PDL, which is off: {why}")

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import attrs
 
 from rlt.attention.fold import fold_status
-from rlt.attention.pdl import pdl_status
+from rlt.attention.pdl import pdl_status, weight_prefetch_status
 from rlt.platform.config import EngineConfig
 from rlt.platform.engine.assembly import EngineAssembly
 from rlt.platform.engine.context import build_context
@@ -134,6 +134,7 @@ class LLMEngine:
                    "num_planes": kv.num_planes},
             "uva": {"enabled": self.ctx.uva.enabled, "reason": self.ctx.uva.reason},
             "pdl": dict(zip(("enabled", "reason"), pdl_status(self.ctx.device))),
+            "weight_prefetch": dict(zip(("enabled", "reason"), weight_prefetch_status(self.ctx.device))),
             "fold": dict(zip(("enabled", "reason"), fold_status(self.ctx.device))),
         }
 

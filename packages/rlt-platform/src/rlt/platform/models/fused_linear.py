@@ -34,6 +34,12 @@ graph replays the same kernels: Triton on CUDA/ROCm tensors (or the interpreter)
 ``max_rows`` rows; anything else takes the eager ops. ``RLT_FUSED_LINEAR=0`` turns the kernels
 off, ``RLT_SPLIT_K=0`` only the split-K projections (A/B measurements; read at import). Tiles come from :func:`_tiles` (the H200 sweep above).
 
+Two device-side options, both off by default until an H200 A/B measures them (``docs/decode.md``):
+with ``rlt.attention.fold`` on, a split-K projection of at most :data:`MAX_ROWS_FOLD` rows comes back as
+a :class:`~rlt.platform.models.fused_ops.PendingProjection` that ``add_norm_norm`` launches with its own
+work folded in (the program storing a row block's last piece normalises those rows); with
+``RLT_PREFETCH=1`` (and PDL) each kernel asks L2 for its weight rows before ``griddepcontrol.wait``.
+
 The KV store in :func:`linear_rope_kv` writes the same thing at the same place as the flat-slot
 ``write_kv`` of the Torch / Triton / FlashAttention backends (``k[layer].view(-1, kv_heads * d)
 [slot] = k_row``; a negative slot writes nothing); a backend that stores KV differently declares
@@ -50,7 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from rlt.attention.fold import fold_enabled
-from rlt.attention.pdl import kernel_options
+from rlt.attention.pdl import kernel_options, weight_prefetch
 from rlt.platform.models.fused_ops import (PendingProjection, SplitSum, _interpreting, rope_qk_, silu_mul,
                                           triton)
 
@@ -63,7 +69,7 @@ if triton is not None:
     from triton.language.extra import libdevice
 
     from rlt.attention.backends.triton_kernels.fold import last_arrival, reset_counter
-    from rlt.attention.backends.triton_kernels.pdl import dependent_wait, launch_dependents
+    from rlt.attention.backends.triton_kernels.pdl import dependent_wait, launch_dependents, prefetch_rows_l2
     from rlt.platform.models.fused_ops import add_norm_norm_row
 
     @triton.jit
@@ -101,9 +107,12 @@ if triton is not None:
     def _linear_silu_mul_kernel(X, W, OUT, M, I, K: tl.constexpr, stride_xm, stride_wn, stride_om,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                 EVEN_K: tl.constexpr, PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr,
-                                PDL: tl.constexpr):
-        dependent_wait(PDL)
+                                PDL: tl.constexpr, PREFETCH: tl.constexpr = False, LINE: tl.constexpr = 64,
+                                LINES: tl.constexpr = 1):
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        prefetch_rows_l2(W, cols, 2 * I, stride_wn, 0, K, LINE, LINES, PREFETCH)
+        prefetch_rows_l2(W, cols + I, 2 * I, stride_wn, 0, K, LINE, LINES, PREFETCH)
+        dependent_wait(PDL)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_n, mask_m = cols < I, offs_m < M
         acc_g, acc_u = _dot2(X, W, cols, cols + I, mask_n, mask_n, offs_m, mask_m, K, stride_xm, stride_wn,
@@ -126,15 +135,19 @@ if triton is not None:
                                NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, WRITE_KV: tl.constexpr,
-                               PDL: tl.constexpr):
+                               PDL: tl.constexpr, PREFETCH: tl.constexpr = False, LINE: tl.constexpr = 64,
+                               LINES: tl.constexpr = 1):
         """One program: rows ``[j*B, j*B+B)`` and ``[half + j*B, ...)`` of one head (RoPE partners)."""
-        dependent_wait(PDL)
         HALF: tl.constexpr = HEAD_DIM // 2
         CHUNKS: tl.constexpr = HALF // BLOCK_N
         pid = tl.program_id(0)
         head = pid // CHUNKS
         dims_a = (pid % CHUNKS) * BLOCK_N + tl.arange(0, BLOCK_N)
         dims_b = dims_a + HALF
+        all_rows: tl.constexpr = (NUM_Q + 2 * NUM_KV) * HEAD_DIM
+        prefetch_rows_l2(W, head * HEAD_DIM + dims_a, all_rows, stride_wn, 0, K, LINE, LINES, PREFETCH)
+        prefetch_rows_l2(W, head * HEAD_DIM + dims_b, all_rows, stride_wn, 0, K, LINE, LINES, PREFETCH)
+        dependent_wait(PDL)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_m = offs_m < M
         all_n = dims_a < HALF
@@ -181,13 +194,15 @@ if triton is not None:
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr,
                                SPLITS: tl.constexpr, HAS_SECOND: tl.constexpr, BLOCK_ROW: tl.constexpr,
-                               PDL: tl.constexpr):
+                               PDL: tl.constexpr, PREFETCH: tl.constexpr = False, LINE: tl.constexpr = 64,
+                               LINES: tl.constexpr = 1):
         """One program: weight rows ``[j*B, j*B+B)`` over the K range of split ``program_id(1)``. With FOLD
         the program storing the last piece of its row block runs ``add_norm_norm`` on those rows
         (``H``, ``W1``, ``W2`` -> ``OUT_H``, ``OUT_N``; ``CNT``: one zeroed ticket counter per row block)."""
-        dependent_wait(PDL)
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         split = tl.program_id(1)
+        prefetch_rows_l2(W, cols, N, stride_wn, split * K_SPLIT, K_SPLIT, LINE, LINES, PREFETCH)
+        dependent_wait(PDL)
         offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_n, mask_m = cols < N, offs_m < M
         k0 = split * K_SPLIT
@@ -253,6 +268,18 @@ def _fit(tiles: Tiles, k: int, elem: int) -> Tiles:
         else:
             break
     return t
+
+
+def _prefetch(x: torch.Tensor, row_elems: int) -> dict:
+    """The weight-prefetch constexprs of a launch (``rlt.attention.pdl.weight_prefetch``): one L2 line
+    (128 bytes) per request, ``row_elems`` of each row the program streams."""
+    if not weight_prefetch(x):
+        return _NO_PREFETCH
+    line = 128 // x.element_size()
+    return {"PREFETCH": True, "LINE": line, "LINES": triton.next_power_of_2(-(-row_elems // line))}
+
+
+_NO_PREFETCH = {"PREFETCH": False}
 
 
 def _precision(x: torch.Tensor) -> str:
@@ -329,7 +356,7 @@ def _launch_split_k(x: torch.Tensor, weight: torch.Tensor, plan: SplitPlan, fold
         x, weight, parts, m, n, k // splits, x.stride(0), weight.stride(0), parts.stride(0), parts.stride(1), *tail,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, PRECISION=_precision(x), FOLD=fold is not None,
         SPLITS=splits, HAS_SECOND=has_second, BLOCK_ROW=triton.next_power_of_2(n), num_warps=warps,
-        num_stages=stages, **kernel_options(x))
+        num_stages=stages, **_prefetch(x, k // splits), **kernel_options(x))
     return parts
 
 
@@ -380,7 +407,7 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None 
     _linear_silu_mul_kernel[(triton.cdiv(inter, bn), triton.cdiv(m, bm))](
         x, gate_up, out, m, inter, k, x.stride(0), gate_up.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0, PRECISION=_precision(x),
-        ACCURATE_EXP=not _interpreting(), num_warps=warps, num_stages=stages, **kernel_options(x))
+        ACCURATE_EXP=not _interpreting(), num_warps=warps, num_stages=stages, **_prefetch(x, k), **kernel_options(x))
     return out
 
 
@@ -407,7 +434,7 @@ def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor,
         m, kdim, x.stride(0), qkv_weight.stride(0), out.stride(0), cos.stride(0),
         NUM_Q=num_q_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
         EVEN_K=kdim % bk == 0, PRECISION=_precision(x), WRITE_KV=write, num_warps=warps, num_stages=stages,
-        **kernel_options(x))
+        **_prefetch(x, kdim), **kernel_options(x))
     qd, kd = num_q_heads * head_dim, num_kv_heads * head_dim
     q = out[:, :qd].view(m, num_q_heads, head_dim)
     k = out[:, qd:qd + kd].view(m, num_kv_heads, head_dim)

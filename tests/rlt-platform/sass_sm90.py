@@ -1,0 +1,85 @@
+"""Compile the decode kernels for sm_90 without a GPU and print their SASS facts as JSON (a helper of
+``test_decode_kernels_sass.py``, run in a subprocess without ``TRITON_INTERPRET``: another package's
+conftest may have imported the kernels as interpreted functions in the test process).
+
+Uses Triton's compiler and the ``cuobjdump`` its wheel ships; prints ``{}`` where the wheel has none."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from rlt.attention.backends.triton_kernels import paged_decode
+from rlt.platform.models import fused_linear as fl
+
+POINTERS = {"X": "*bf16", "W": "*bf16", "PARTS": "*fp32", "CNT": "*i32", "H": "*bf16", "W1": "*bf16", "W2": "*bf16",
+            "OUT_H": "*bf16", "OUT_N": "*bf16", "OUT": "*bf16", "COS": "*bf16", "SIN": "*bf16", "K_CACHE": "*bf16",
+            "V_CACHE": "*bf16", "SLOTS": "*i64", "eps": "fp32", "sm_scale_log2": "fp32",
+            "q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "part_acc_ptr": "*fp32",
+            "part_ml_ptr": "*fp32", "cnt_ptr": "*i32", "bt_ptr": "*i32", "td_ptr": "*i32", "slots_ptr": "*i32",
+            "seq_lens_ptr": "*i32", "qdepth_ptr": "*i32", "qsl_ptr": "*i32"}
+#: Integers that are multiples of 16 at run time get the JIT's divisibility hint (vectorised loads).
+ALIGNED = {"stride_xm", "stride_wn", "stride_ps", "stride_pm", "stride_om", "stride_cs", "stride_h", "stride_oh",
+           "stride_on", "N", "I", "stride_qn", "stride_qh", "stride_kb", "stride_ks", "stride_kh"}
+TOOL = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+
+
+def sass_of(fn, consts: dict, num_warps: int = 4, num_stages: int = 3) -> dict:
+    """``{"ops": SASS instructions in order, "local": spilled bytes}`` of ``fn`` compiled for sm_90."""
+    consts = dict(consts)
+    for p in fn.params:  # constexprs left out take their defaults, as at a launch
+        if p.is_constexpr and p.name not in consts and p.has_default:
+            consts[p.name] = p.default
+    sig = {n: ("constexpr" if n in consts else POINTERS.get(n, "i32")) for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if n not in consts and (n in ALIGNED or sig[n].startswith("*"))}
+    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+    handle, name = tempfile.mkstemp(suffix=".cubin")
+    os.close(handle)
+    Path(name).write_bytes(kernel.asm["cubin"])
+    try:
+        sass = subprocess.run([str(TOOL), "--dump-sass", name], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([str(TOOL), "--dump-resource-usage", name], capture_output=True, text=True,
+                               check=True).stdout
+    finally:
+        os.unlink(name)
+    ops = [line.split(";")[0].split("*/")[-1].strip() for line in sass.splitlines()
+           if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    return {"ops": [o for o in ops if o], "local": int(re.search(r"LOCAL:(\d+)", usage).group(1))}
+
+
+SPLIT_K = dict(K_SPLIT=1408, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, EVEN_K=True, PRECISION="tf32", SPLITS=4,
+               HAS_SECOND=True, BLOCK_ROW=2048, FOLD=False, PDL=True)  # Ouro-1.4B down_proj, 4 splits
+SILU = dict(K=2048, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, EVEN_K=True, PRECISION="tf32", ACCURATE_EXP=True, PDL=True)
+ROPE = dict(K=2048, NUM_Q=16, NUM_KV=16, HEAD_DIM=128, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, EVEN_K=True,
+            PRECISION="tf32", WRITE_KV=True, PDL=True)
+PREFETCH = dict(PREFETCH=True, LINE=64, LINES=32)
+DECODE = dict(NUM_HEADS=16, GROUP=1, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_SIZE=16, BLOCK_N=32, SPLIT=True,
+              LAST_EXITED=True, PRE_RESOLVED=True, DOT_PRECISION="tf32", FOLD=True, BLOCK_S=64, PDL=True)
+
+
+def main() -> dict:
+    out: dict = {}
+    if not TOOL.exists():
+        return out
+    for name, fn, consts in (("split_k", fl._linear_split_k_kernel, SPLIT_K),
+                             ("silu_mul", fl._linear_silu_mul_kernel, SILU),
+                             ("rope_kv", fl._linear_rope_kv_kernel, ROPE)):
+        out[name + "/prefetch"] = sass_of(fn, dict(consts, **PREFETCH), num_stages=4)
+        out[name + "/plain"] = sass_of(fn, dict(consts, PREFETCH=False), num_stages=4)
+    out["split_k/fold"] = sass_of(fl._linear_split_k_kernel, dict(SPLIT_K, FOLD=True), num_stages=4)
+    out["decode/fold"] = sass_of(paged_decode.decode_grouped_kernel, DECODE)
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(main()))

@@ -1,0 +1,62 @@
+"""The decode kernels compiled for sm_90 (no GPU: ``sass_sm90.py``): properties of the machine code that no
+CPU run can observe and that the GPU tests only see as speed — weight prefetches issued before
+``griddepcontrol.wait`` (``rlt.attention.pdl``), the folds' release fence / GPU-scope atomic /
+L1-bypassing loads (``rlt.attention.fold``), and no spills."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+
+@pytest.fixture(scope="module")
+def sass() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(Path(__file__).with_name("sass_sm90.py"))], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    if not result:
+        pytest.skip("this Triton wheel ships no cuobjdump")
+    return result
+
+
+def index_of(ops: list[str], needle: str) -> list[int]:
+    return [i for i, op in enumerate(ops) if needle in op]
+
+
+@pytest.mark.parametrize("kernel", ["split_k", "silu_mul", "rope_kv"])
+def test_weight_prefetch_is_issued_before_the_pdl_wait(sass, kernel):
+    ops = sass[kernel + "/prefetch"]["ops"]
+    prefetches, waits = index_of(ops, "CCTL.E.PF2"), index_of(ops, "ACQBULK")  # prefetch.global.L2, griddepcontrol.wait
+    loads = index_of(ops, "LDG")
+    assert prefetches and len(waits) == 1, (len(prefetches), waits)
+    assert max(prefetches) < waits[0] < min(loads)  # every prefetch before the wait; no load before it
+    assert sass[kernel + "/prefetch"]["local"] == 0
+    assert not index_of(sass[kernel + "/plain"]["ops"], "CCTL.E.PF2")
+
+
+def _ticket_then_l2_reads(ops: list[str]) -> None:
+    atomic = index_of(ops, "ATOMG.E.ADD.STRONG.GPU")  # the ticket (atom.add.acq_rel.gpu)
+    assert len(atomic) == 1
+    fences = [i for i in index_of(ops, "MEMBAR.ALL.GPU") if i < atomic[0]]           # release: before it
+    invalidates = [i for i in index_of(ops, "CCTL.IVALL") if i > atomic[0]]         # acquire: L1 dropped after
+    reads = [i for i in index_of(ops, "STRONG.GPU") if "LDG" in ops[i]]             # the pieces, from L2
+    assert fences and invalidates and reads and min(reads) > atomic[0]
+
+
+def test_split_k_fold_orders_its_ticket(sass):
+    _ticket_then_l2_reads(sass["split_k/fold"]["ops"])
+    assert sass["split_k/fold"]["local"] == 0
+
+
+def test_decode_attention_fold_orders_its_ticket(sass):
+    _ticket_then_l2_reads(sass["decode/fold"]["ops"])
+    assert sass["decode/fold"]["local"] == 0
