@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# What the next H200 lease runs first (planned 2026-12-04, when no device was lent): CALL=a|b|c|d, one
+# device call each (<= 600 s), results under $OUT/$CALL. Run from the repo root:
+#   OUT=benchmarks/results/h200-<date>-lease8 CALL=a bash scripts/next_lease.sh
+#   a  the whole GPU suite on the default build (PDL on: not yet run with it), incl. the new fold /
+#      prefetch tests (tests/gpu/test_triton_attention_gpu.py::test_folded_merge_matches_merge_kernel,
+#      test_fused_ops_gpu.py::test_split_k_folds_add_norm_norm, test_decode_gpu.py::test_device_side_switches_change_nothing)
+#   b  decode kernels: split-K + norm unfolded vs folded at 1/4/64 rows, decode attention merge vs folded merge;
+#      then rlt-decode end to end, default vs RLT_FOLD=1 (C=1, C=64; same build back to back)
+#   c  rlt-decode end to end, RLT_PREFETCH=1 and both, plus the C=128 1K/128 end-to-end workload for each
+#   d  self-speculation re-measured on this build (scripts/spec_h200.sh: d=1/2, K=2..8, measured acceptance)
+# Then: flip rlt.attention.fold.DEFAULT / the prefetch default only if they pay, and record everything in
+# $OUT/README.md (device, versions, command, median of three after one warm-up).
+set -uo pipefail
+OUT=${OUT:?set OUT}
+CALL=${CALL:?set CALL to a, b, c or d}
+R=$OUT/$CALL
+mkdir -p "$R"
+export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
+export PYTHONPATH=packages/rlt-platform/src:packages/rlt-attention/src:packages/rlt-serve/src:packages/rlt-decode/src:packages/rlt-kvcache/src:packages/rlt-spec/src:packages/rlt-prefill/src:apps/server/src:.
+{ python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name(0))"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null; git log --oneline -1; } > "$R/versions.txt"
+case $CALL in
+  a)
+    timeout ${SUITE_TIMEOUT:-540} python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -o addopts="" -rfEs \
+      --durations=15 > "$R/gpu-suite.log" 2>&1
+    echo "rc $?"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$R/gpu-suite.log" | tail -25 ;;
+  b)
+    timeout 150 python3 -m pytest tests/gpu/test_triton_attention_gpu.py tests/gpu/test_fused_ops_gpu.py -m gpu -q \
+      -p no:cacheprovider -o addopts="" -rfE -k "fold" > "$R/fold-tests.log" 2>&1
+    grep -E "passed|failed|^FAILED|^ERROR" "$R/fold-tests.log" | tail -6
+    timeout 200 python3 -m benchmarks.decode_kernels --parts linear,attention --rows 1,4,64 --sweep-rows "" \
+      --shapes o_proj,down_proj --attention-cases 1x1024,64x1024 --out "$R/kernels.json" > "$R/kernels.log" 2>&1
+    grep -E "^(o_proj|down_proj|attention)" "$R/kernels.log" | tail -20
+    SKIP_TESTS=1 VARIANTS="decode fold" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 OUT=$R bash scripts/decode_h200.sh ;;
+  c)
+    SKIP_TESTS=1 VARIANTS="decode prefetch foldprefetch" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=170 \
+      EXTRA_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=35,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
+  d)
+    OUT=$R bash scripts/spec_h200.sh ;;
+  *) echo "unknown CALL $CALL"; exit 2 ;;
+esac
