@@ -106,6 +106,16 @@ def test_fused_linears_match_gemm_plus_eager_tail(dtype, rows):
         assert torch.equal(got, want)
 
 
+def _layer_tail(rows: int, n: int, k: int, dtype: torch.dtype, g: torch.Generator):
+    """Inputs of a projection [n, k] and the add_norm_norm after it: x, weight, residual, both norm weights."""
+    x = torch.randn(rows, k, device="cuda", generator=g).to(dtype)
+    w = (torch.randn(n, k, device="cuda", generator=g) * k ** -0.5).to(dtype)
+    h = torch.randn(rows, n, device="cuda", generator=g).to(dtype)
+    w1 = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+    w2 = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+    return x, w, h, w1, w2
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_split_k_folds_add_norm_norm(dtype, monkeypatch):
     """rlt.attention.fold on the GPU (programs concurrent): the split-K program storing a row block's last
@@ -122,11 +132,7 @@ def test_split_k_folds_add_norm_norm(dtype, monkeypatch):
         g = torch.Generator(device="cuda").manual_seed(7)
         for rows in range(1, fl.MAX_ROWS_FOLD + 1):
             for n, k in ((2048, 2048), (2048, 5632)):  # Ouro-1.4B o_proj, down_proj
-                x = torch.randn(rows, k, device="cuda", generator=g).to(dtype)
-                w = (torch.randn(n, k, device="cuda", generator=g) * k ** -0.5).to(dtype)
-                h = torch.randn(rows, n, device="cuda", generator=g).to(dtype)
-                w1 = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
-                w2 = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+                x, w, h, w1, w2 = _layer_tail(rows, n, k, dtype, g)
                 plan = fl.split_plan(rows, n, k, x.element_size())
                 want_h, want_n = add_norm_norm(h, SplitSum(fl._launch_split_k(x, w, plan), dtype), w1, w2, 1e-6)
                 for _ in range(50):
@@ -155,11 +161,7 @@ def test_split_k_projection_into_add_norm_norm(dtype, rows):
 
     g = torch.Generator(device="cuda").manual_seed(100 + rows)
     for n, k in ((2048, 2048), (2048, 5632)):  # Ouro-1.4B o_proj, down_proj
-        x = torch.randn(rows, k, device="cuda", generator=g).to(dtype)
-        w = (torch.randn(n, k, device="cuda", generator=g) * k ** -0.5).to(dtype)
-        h = torch.randn(rows, n, device="cuda", generator=g).to(dtype)
-        w1 = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
-        w2 = (1 + 0.1 * torch.randn(n, device="cuda", generator=g)).to(dtype)
+        x, w, h, w1, w2 = _layer_tail(rows, n, k, dtype, g)
         pieces = fl.linear_split_k(x, w)
         if rows > fl.MAX_ROWS_SPLIT_K:  # above the limit: cuBLAS itself
             assert torch.equal(pieces, F.linear(x, w))
