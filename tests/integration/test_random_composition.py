@@ -82,6 +82,19 @@ def _requests(rng: random.Random, spec_on: bool) -> list[tuple[str, list[int], d
     return out
 
 
+#: Logit margin under which the oracle's greedy pick is an fp32 tie (a few ulps at |logit| ~ 1): the engine's
+#: equally exact but differently ordered sums may break it the other way (seed 1199 of a stress run: 1.2e-7).
+TIE = 1e-5
+
+
+def assert_greedy_equal(got: list[int], want: list[int], gaps: list[float], what) -> None:
+    """Token-identical to the oracle, except that after an fp32 tie (``TIE``) the two may continue apart."""
+    if got == want:
+        return
+    i = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    assert i < min(len(got), len(want)) and gaps[i] <= TIE, (what, i, got, want, gaps[i] if i < len(gaps) else None)
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_random_composition_is_exact_and_refuses_bad_requests(checkpoint, seed):
     path, ref = checkpoint
@@ -117,10 +130,11 @@ def test_random_composition_is_exact_and_refuses_bad_requests(checkpoint, seed):
         if sp["temperature"] > 0:
             assert len(out.token_ids) == sp["max_tokens"]
             continue
+        gaps: list[float] = []
         want, _ = reference_generate(ref, prompt, max_tokens=sp["max_tokens"], max_loops=sp["max_loops"],
                                      exit_threshold=sp.get("exit_threshold", 1.0),
-                                     stop_token_ids=tuple(sp.get("stop_token_ids", ())))
-        assert list(out.token_ids) == want, (rid, sp)
+                                     stop_token_ids=tuple(sp.get("stop_token_ids", ())), gaps=gaps)
+        assert_greedy_equal(list(out.token_ids), want, gaps, (rid, sp))
         if sp.get("logprobs"):
             assert len(out.logprobs) == len(out.token_ids)
     for rid, _, sp, bad in items:

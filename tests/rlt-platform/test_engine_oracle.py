@@ -85,3 +85,19 @@ def test_mixed_depth_requests_share_steps(tiny_checkpoint):
         want, depths = reference_generate(ref, p, max_tokens=6, min_loops=sp.min_loops, max_loops=sp.max_loops,
                                           exit_threshold=sp.exit_threshold or 1.0)
         assert (list(o.token_ids), list(o.exit_depths)) == (want, depths)
+
+
+def test_oracle_reports_each_tokens_margin(tiny_checkpoint):
+    """reference_generate(gaps=...) gives each greedy token's logit margin over the runner-up (how a
+    randomised comparison tells an fp32 tie from a wrong token), in both KV layouts."""
+    import torch
+
+    from rlt.platform.checkpoint import load_checkpoint
+
+    ck = load_checkpoint(tiny_checkpoint(seed=3), dtype=torch.float32)
+    ref = ck.family.build_reference(ck.config, ck.weights)
+    for layout in ("last_exited", "shared"):
+        gaps: list[float] = []
+        out, _ = reference_generate(ref, [5, 6, 7, 8], max_tokens=6, layout=layout, gaps=gaps)
+        assert out == reference_generate(ref, [5, 6, 7, 8], max_tokens=6, layout=layout)[0]
+        assert len(gaps) == len(out) and all(g >= 0 for g in gaps) and max(gaps) > 0

@@ -109,6 +109,48 @@ FOLD_SCRIPT = textwrap.dedent("""
                 assert torch.equal(got.total(), pieces.total())
                 eh, _ = add_norm_norm(h, got, w1, w2, 1e-6, use_triton=False)  # eager consumer: total() first
                 assert torch.equal(eh, add_norm_norm(h, pieces.total(), w1, w2, 1e-6, use_triton=False)[0])
+    # q/k/v + RoPE + KV store and gate/up + SiLU split over K (the interpreter pretends 16 SMs: a few tiles
+    # split 2-4 ways), the last program of each tile summing the pieces and finishing it
+    import os
+    from rlt.platform.models.fused_ops import rope_qk_, silu_mul
+    from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
+    def both(fn):
+        outs = []
+        for flag in ("1", "0"):
+            os.environ["RLT_FOLD"] = flag
+            fold.refresh()
+            outs.append(fn())
+        os.environ["RLT_FOLD"] = "1"
+        fold.refresh()
+        return outs
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-2)):
+        for m in (1, 3, 17):
+            x = torch.randn(m, 2048, generator=g).to(dtype)
+            gu = (torch.randn(160, 2048, generator=g) * 0.03).to(dtype)     # I = 80: three column tiles, a masked tail
+            assert fl._tile_splits(x, 3 * -(-m // 16), 2048, 128, 16, 32)[0] > 1
+            folded, plain = both(lambda: fl.linear_silu_mul(x, gu))
+            want = silu_mul(F.linear(x, gu), use_triton=False)
+            for got in (folded, plain):
+                assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max() + 1e-3, (dtype, m)
+            nq, nkv, d = 4, 2, 32
+            wq = (torch.randn((nq + 2 * nkv) * d, 2048, generator=g) * 0.03).to(dtype)
+            cos, sin = rope_cos_sin(torch.arange(m) * 5 + 2, rope_inv_freq(d, 1e4), dtype)
+            slots = torch.randperm(40)[:m]
+            caches = []
+            def rope():
+                kc, vc = torch.full((40, nkv * d), 7.0, dtype=dtype), torch.full((40, nkv * d), 7.0, dtype=dtype)
+                caches.append((kc, vc))
+                return fl.linear_rope_kv(x, wq, cos, sin, nq, nkv, d, (kc, vc, slots))
+            (q1, k1, v1, s1), (q0, k0, v0, s0) = both(rope)
+            assert s1 and s0
+            qe, ke, ve, _ = rope_qk_(F.linear(x, wq), cos, sin, nq, nkv, d, use_triton=False)
+            for got, want in ((q1, qe), (k1, ke), (v1, ve), (q0, qe), (k0, ke), (v0, ve)):
+                assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max() + 1e-3, (dtype, m)
+            (kc1, vc1), (kc0, vc0) = caches
+            assert torch.equal(kc1[slots], k1.reshape(m, -1)) and torch.equal(vc1[slots], v1.reshape(m, -1))
+            untouched = [r for r in range(40) if r not in set(slots.tolist())]
+            assert bool((kc1[untouched] == 7).all()) and bool((vc1[untouched] == 7).all())
+            assert int(fl._fold_counters(x.device).abs().sum()) == 0
     print("ok")
 """)
 

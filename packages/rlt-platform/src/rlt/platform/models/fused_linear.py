@@ -68,7 +68,7 @@ if triton is not None:
     import triton.language as tl
     from triton.language.extra import libdevice
 
-    from rlt.attention.backends.triton_kernels.fold import last_arrival, reset_counter
+    from rlt.attention.backends.triton_kernels.fold import last_arrival, reset_counter, split_tile_sum
     from rlt.attention.backends.triton_kernels.pdl import dependent_wait, launch_dependents, prefetch_rows_l2
     from rlt.platform.models.fused_ops import add_norm_norm_row
 
@@ -104,56 +104,82 @@ if triton is not None:
         return acc_a, acc_b
 
     @triton.jit(do_not_specialize=["M"])  # rows vary per step (module docstring)
-    def _linear_silu_mul_kernel(X, W, OUT, M, I, K: tl.constexpr, stride_xm, stride_wn, stride_om,
+    def _linear_silu_mul_kernel(X, W, OUT, PARTS, CNT, M, I, K: tl.constexpr, stride_xm, stride_wn, stride_om,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                 EVEN_K: tl.constexpr, PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr,
                                 PDL: tl.constexpr, PREFETCH: tl.constexpr = False, LINE: tl.constexpr = 64,
-                                LINES: tl.constexpr = 1):
+                                LINES: tl.constexpr = 1, SPLITS: tl.constexpr = 1):
+        """One program: gate rows ``[j*B, j*B+B)`` and their up rows over K split ``program_id(2)`` of
+        ``SPLITS`` (the last program of a tile sums the pieces and applies SiLU·mul: ``split_tile_sum``)."""
+        K_SPLIT: tl.constexpr = K // SPLITS
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        prefetch_rows_l2(W, cols, 2 * I, stride_wn, 0, K, LINE, LINES, PREFETCH)
-        prefetch_rows_l2(W, cols + I, 2 * I, stride_wn, 0, K, LINE, LINES, PREFETCH)
+        split = tl.program_id(2)
+        k0 = split * K_SPLIT
+        prefetch_rows_l2(W, cols, 2 * I, stride_wn, k0, K_SPLIT, LINE, LINES, PREFETCH)
+        prefetch_rows_l2(W, cols + I, 2 * I, stride_wn, k0, K_SPLIT, LINE, LINES, PREFETCH)
         dependent_wait(PDL)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_n, mask_m = cols < I, offs_m < M
-        acc_g, acc_u = _dot2(X, W, cols, cols + I, mask_n, mask_n, offs_m, mask_m, K, stride_xm, stride_wn,
-                             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, PRECISION)
+        acc_g, acc_u = _dot2(X + k0, W + k0, cols, cols + I, mask_n, mask_n, offs_m, mask_m, K_SPLIT, stride_xm,
+                             stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, PRECISION)
         launch_dependents(PDL)
-        dt = OUT.dtype.element_ty
-        g = acc_g.to(dt).to(tl.float32)  # the gate/up GEMM output, rounded as F.linear rounds it
-        u = acc_u.to(dt).to(tl.float32)
-        if ACCURATE_EXP:  # libdevice expf, as torch's silu (the interpreter has no libdevice)
-            e = libdevice.exp(-g)
-        else:
-            e = tl.exp(-g)
-        act = (g / (1.0 + e)).to(dt).to(tl.float32)
-        tl.store(OUT + offs_m[:, None].to(tl.int64) * stride_om + cols[None, :], (act * u).to(dt),
-                 mask=mask_m[:, None] & mask_n[None, :])
+        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        acc_g, acc_u, finish = split_tile_sum(acc_g, acc_u, PARTS, CNT, tile, split, M - tl.program_id(1) * BLOCK_M,
+                                              SPLITS, BLOCK_M, BLOCK_N)
+        if finish:
+            dt = OUT.dtype.element_ty
+            g = acc_g.to(dt).to(tl.float32)  # the gate/up GEMM output, rounded as F.linear rounds it
+            u = acc_u.to(dt).to(tl.float32)
+            if ACCURATE_EXP:  # libdevice expf, as torch's silu (the interpreter has no libdevice)
+                e = libdevice.exp(-g)
+            else:
+                e = tl.exp(-g)
+            act = (g / (1.0 + e)).to(dt).to(tl.float32)
+            tl.store(OUT + offs_m[:, None].to(tl.int64) * stride_om + cols[None, :], (act * u).to(dt),
+                     mask=mask_m[:, None] & mask_n[None, :])
 
     @triton.jit(do_not_specialize=["M"])
-    def _linear_rope_kv_kernel(X, W, OUT, COS, SIN, K_CACHE, V_CACHE, SLOTS,
+    def _linear_rope_kv_kernel(X, W, OUT, COS, SIN, K_CACHE, V_CACHE, SLOTS, PARTS, CNT,
                                M, K: tl.constexpr, stride_xm, stride_wn, stride_om, stride_cs,
                                NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, WRITE_KV: tl.constexpr,
                                PDL: tl.constexpr, PREFETCH: tl.constexpr = False, LINE: tl.constexpr = 64,
-                               LINES: tl.constexpr = 1):
-        """One program: rows ``[j*B, j*B+B)`` and ``[half + j*B, ...)`` of one head (RoPE partners)."""
+                               LINES: tl.constexpr = 1, SPLITS: tl.constexpr = 1):
+        """One program: rows ``[j*B, j*B+B)`` and ``[half + j*B, ...)`` of one head (RoPE partners) over K
+        split ``program_id(2)`` of ``SPLITS`` (the last program of a tile sums the pieces and finishes)."""
         HALF: tl.constexpr = HEAD_DIM // 2
         CHUNKS: tl.constexpr = HALF // BLOCK_N
+        K_SPLIT: tl.constexpr = K // SPLITS
         pid = tl.program_id(0)
         head = pid // CHUNKS
         dims_a = (pid % CHUNKS) * BLOCK_N + tl.arange(0, BLOCK_N)
         dims_b = dims_a + HALF
+        split = tl.program_id(2)
+        k0 = split * K_SPLIT
         all_rows: tl.constexpr = (NUM_Q + 2 * NUM_KV) * HEAD_DIM
-        prefetch_rows_l2(W, head * HEAD_DIM + dims_a, all_rows, stride_wn, 0, K, LINE, LINES, PREFETCH)
-        prefetch_rows_l2(W, head * HEAD_DIM + dims_b, all_rows, stride_wn, 0, K, LINE, LINES, PREFETCH)
+        prefetch_rows_l2(W, head * HEAD_DIM + dims_a, all_rows, stride_wn, k0, K_SPLIT, LINE, LINES, PREFETCH)
+        prefetch_rows_l2(W, head * HEAD_DIM + dims_b, all_rows, stride_wn, k0, K_SPLIT, LINE, LINES, PREFETCH)
         dependent_wait(PDL)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_m = offs_m < M
         all_n = dims_a < HALF
-        acc_a, acc_b = _dot2(X, W, head * HEAD_DIM + dims_a, head * HEAD_DIM + dims_b, all_n, all_n, offs_m,
-                             mask_m, K, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, PRECISION)
+        acc_a, acc_b = _dot2(X + k0, W + k0, head * HEAD_DIM + dims_a, head * HEAD_DIM + dims_b, all_n, all_n,
+                             offs_m, mask_m, K_SPLIT, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True,
+                             PRECISION)
         launch_dependents(PDL)
+        tile = pid * tl.num_programs(1) + tl.program_id(1)
+        acc_a, acc_b, finish = split_tile_sum(acc_a, acc_b, PARTS, CNT, tile, split, M - tl.program_id(1) * BLOCK_M,
+                                              SPLITS, BLOCK_M, BLOCK_N)
+        if finish:
+            _rope_kv_epilogue(acc_a, acc_b, OUT, COS, SIN, K_CACHE, V_CACHE, SLOTS, head, dims_a, dims_b, offs_m,
+                              mask_m, stride_om, stride_cs, NUM_Q, NUM_KV, HEAD_DIM, WRITE_KV)
+
+    @triton.jit
+    def _rope_kv_epilogue(acc_a, acc_b, OUT, COS, SIN, K_CACHE, V_CACHE, SLOTS, head, dims_a, dims_b, offs_m, mask_m,
+                          stride_om, stride_cs, NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr,
+                          WRITE_KV: tl.constexpr):
+        """Round the projection, rotate q / k heads, store the row and (WRITE_KV) the k / v heads' KV."""
         dt = OUT.dtype.element_ty
         xa = acc_a.to(dt)
         xb = acc_b.to(dt)
@@ -186,7 +212,6 @@ if triton is not None:
                 tl.store(K_CACHE + dst + dims_b[None, :], rb.to(ct), mask=keep & (not is_v))
                 tl.store(V_CACHE + dst + dims_a[None, :], ra.to(ct), mask=keep & is_v)
                 tl.store(V_CACHE + dst + dims_b[None, :], rb.to(ct), mask=keep & is_v)
-
 
     @triton.jit(do_not_specialize=["M"])
     def _linear_split_k_kernel(X, W, PARTS, M, N, K_SPLIT: tl.constexpr, stride_xm, stride_wn, stride_ps, stride_pm,
@@ -323,17 +348,58 @@ def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
 #: Not yet measured: ``benchmarks/decode_kernels.py --shapes o_proj,down_proj`` with RLT_FOLD=1 decides.
 MAX_ROWS_FOLD = 4
 
-_FOLD_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_FOLD_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
 
 
-def _fold_counters(device: torch.device) -> torch.Tensor:
-    """The zeroed ticket counters of the folded launches on ``device`` (one per row block; every launch
-    leaves them zero, and launches on one stream never overlap, so all call sites share them)."""
-    counters = _FOLD_COUNTERS.get(device)
-    if counters is None:
-        counters = _FOLD_COUNTERS[device] = torch.zeros(triton.cdiv(MAX_ROWS_SPLIT_K, 16), dtype=torch.int32,
-                                                         device=device)
-    return counters
+def _fold_counters(device: torch.device, count: int = 1) -> torch.Tensor:
+    """At least ``count`` zeroed ticket counters for a folded launch on ``device`` (every launch leaves them
+    zero, and launches on one stream never overlap, so all call sites share them; grown, never shrunk —
+    a shape's first launch runs eagerly before any graph capture, so a capture never reallocates)."""
+    grown = _FOLD_COUNTERS.setdefault(device, [])
+    if not grown or grown[-1].numel() < count:  # the smaller ones stay alive: captured graphs may use them
+        grown.append(torch.zeros(max(count, 1024), dtype=torch.int32, device=device))
+    return grown[-1]
+
+
+#: Shortest K range a split of the fused q/k/v or gate/up projection streams (``_tile_splits``).
+MIN_TILE_SPLIT_K = 512
+
+
+@functools.lru_cache(maxsize=64)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 16  # the interpreter: a small pretend device, so small test shapes split
+
+
+def _wave_excess(programs: int, sms: int) -> float:
+    """Time of ``programs`` equal programs on ``sms`` SMs over the balanced time: 1.0 = whole waves."""
+    return -(-programs // sms) * sms / programs
+
+
+def _tile_splits(x: torch.Tensor, tiles: int, k: int, block_k: int, block_m: int, block_n: int):
+    """K splits for a fused projection of ``tiles`` output tiles (``rlt.attention.fold`` on only: the last
+    program of a tile finishes it, ``split_tile_sum``), its fp32 piece scratch and the ticket counters.
+
+    The projection is weight-streaming: its time is set by the busiest SM, so the split count is the one
+    (1, 2, 4 or 8, each K range >= :data:`MIN_TILE_SPLIT_K` and whole K tiles) whose programs fill the
+    SMs' waves most evenly, kept only if that beats one split by more than 10 %: q/k/v at one row on
+    132 SMs is 96 programs (27 % of the SMs idle) -> 4 splits, 384 programs (3 % excess); gate/up is
+    176 -> 2 splits, 352 (12.5 %). Not yet measured (``docs/decode.md``)."""
+    if not fold_enabled(x):
+        return 1, x, x
+    sms = _sm_count(x.device)
+    best, best_excess = 1, _wave_excess(tiles, sms)
+    for splits in (2, 4, 8):
+        if k % (splits * block_k) or k // splits < MIN_TILE_SPLIT_K:
+            continue
+        excess = _wave_excess(tiles * splits, sms)
+        if excess < best_excess / 1.1:
+            best, best_excess = splits, excess
+    if best == 1:
+        return 1, x, x
+    parts = torch.empty(tiles * best * 2 * block_m * block_n, dtype=torch.float32, device=x.device)
+    return best, parts, _fold_counters(x.device, tiles)
 
 
 def _launch_split_k(x: torch.Tensor, weight: torch.Tensor, plan: SplitPlan, fold: tuple | None = None) -> torch.Tensor:
@@ -350,7 +416,7 @@ def _launch_split_k(x: torch.Tensor, weight: torch.Tensor, plan: SplitPlan, fold
     else:
         h, w1, w2, out_h, out_n, eps = fold
         has_second = w2 is not None
-        tail = (_fold_counters(x.device), h, w1, w2 if has_second else w1, out_h, out_n, h.stride(0),
+        tail = (_fold_counters(x.device, triton.cdiv(m, bm)), h, w1, w2 if has_second else w1, out_h, out_n, h.stride(0),
                 out_h.stride(0), out_n.stride(0), eps)
     _linear_split_k_kernel[(triton.cdiv(n, bn), splits, triton.cdiv(m, bm))](
         x, weight, parts, m, n, k // splits, x.stride(0), weight.stride(0), parts.stride(0), parts.stride(1), *tail,
@@ -404,10 +470,13 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None 
     inter = gate_up.shape[0] // 2
     out = torch.empty((m, inter), dtype=x.dtype, device=x.device)
     bm, bn, bk, warps, stages = _fit(tiles or _tiles(m, "silu_mul"), k, x.element_size())
-    _linear_silu_mul_kernel[(triton.cdiv(inter, bn), triton.cdiv(m, bm))](
-        x, gate_up, out, m, inter, k, x.stride(0), gate_up.stride(0), out.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0, PRECISION=_precision(x),
-        ACCURATE_EXP=not _interpreting(), num_warps=warps, num_stages=stages, **_prefetch(x, k), **kernel_options(x))
+    tiles_n, tiles_m = triton.cdiv(inter, bn), triton.cdiv(m, bm)
+    splits, parts, counters = _tile_splits(x, tiles_n * tiles_m, k, bk, bm, bn)
+    _linear_silu_mul_kernel[(tiles_n, tiles_m, splits)](
+        x, gate_up, out, parts, counters, m, inter, k, x.stride(0), gate_up.stride(0), out.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=(k // splits) % bk == 0, PRECISION=_precision(x),
+        ACCURATE_EXP=not _interpreting(), SPLITS=splits, num_warps=warps, num_stages=stages,
+        **_prefetch(x, k // splits), **kernel_options(x))
     return out
 
 
@@ -429,12 +498,14 @@ def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor,
     bn = min(bn, half)
     write = kv_store is not None and cos.stride(-1) == 1 and sin.stride(0) == cos.stride(0)
     k_cache, v_cache, slots = kv_store if write else (out, out, out)
-    _linear_rope_kv_kernel[(heads * (half // bn), triton.cdiv(m, bm))](
-        x, qkv_weight, out, cos, sin, k_cache, v_cache, slots,
+    tiles_n, tiles_m = heads * (half // bn), triton.cdiv(m, bm)
+    splits, parts, counters = _tile_splits(x, tiles_n * tiles_m, kdim, bk, bm, bn)
+    _linear_rope_kv_kernel[(tiles_n, tiles_m, splits)](
+        x, qkv_weight, out, cos, sin, k_cache, v_cache, slots, parts, counters,
         m, kdim, x.stride(0), qkv_weight.stride(0), out.stride(0), cos.stride(0),
         NUM_Q=num_q_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        EVEN_K=kdim % bk == 0, PRECISION=_precision(x), WRITE_KV=write, num_warps=warps, num_stages=stages,
-        **_prefetch(x, kdim), **kernel_options(x))
+        EVEN_K=(kdim // splits) % bk == 0, PRECISION=_precision(x), WRITE_KV=write, SPLITS=splits, num_warps=warps,
+        num_stages=stages, **_prefetch(x, kdim // splits), **kernel_options(x))
     qd, kd = num_q_heads * head_dim, num_kv_heads * head_dim
     q = out[:, :qd].view(m, num_q_heads, head_dim)
     k = out[:, qd:qd + kd].view(m, num_kv_heads, head_dim)

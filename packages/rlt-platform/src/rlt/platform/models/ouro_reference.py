@@ -168,16 +168,28 @@ def reference_generate(
     max_loops: int | None = None,
     exit_threshold: float = 1.0,
     stop_token_ids: tuple[int, ...] = (),
+    gaps: list[float] | None = None,
 ) -> tuple[list[int], list[int]]:
-    """Greedy generation by the oracle: (generated token ids, their exit depths, 1-based loops)."""
+    """Greedy generation by the oracle: (generated token ids, their exit depths, 1-based loops).
+
+    ``gaps``, when given, receives each generated token's logit margin over the runner-up: a margin of
+    a few fp32 ulps is a tie that any other (equally exact) summation order may break the other way —
+    randomised comparisons use it to tell such a tie from a wrong token."""
     max_loops = max_loops or ref.num_loops
+
+    def pick(logits: torch.Tensor) -> int:
+        if gaps is not None:
+            top = torch.topk(logits.double(), 2).values
+            gaps.append(float(top[0] - top[1]))
+        return int(torch.argmax(logits))
+
     out: list[int] = []
     depths: list[int] = []
     if layout == "last_exited":
         tokens = list(prompt)
         exits = [max_loops - 1] * len(prompt)
         states = ref.forward_last_exited(tokens, exits, max_loops)
-        nxt = int(torch.argmax(ref.logits(states[max_loops - 1, -1])))
+        nxt = pick(ref.logits(states[max_loops - 1, -1]))
         depth = max_loops
         while True:
             out.append(nxt)
@@ -191,7 +203,7 @@ def reference_generate(
                 if rule.exits_after(t, ref.gate(states[t - 1, -1])):
                     break
             exits.append(t - 1)
-            nxt = int(torch.argmax(ref.logits(states[t - 1, -1])))
+            nxt = pick(ref.logits(states[t - 1, -1]))
             depth = t
     if layout != "shared":
         raise ValueError(f"unknown layout {layout!r}")
@@ -199,7 +211,7 @@ def reference_generate(
     last = None
     for i, tok in enumerate(prompt):
         last = ref.run_position_shared(cache, tok, i, lambda d, h: d + 1 >= max_loops)
-    nxt = int(torch.argmax(ref.logits(last[-1][0])))
+    nxt = pick(ref.logits(last[-1][0]))
     depth = max_loops
     pos = len(prompt)
     while True:
@@ -210,5 +222,5 @@ def reference_generate(
         rule = ExitRule(min_loops, max_loops, exit_threshold)
         states = ref.run_position_shared(cache, nxt, pos, lambda d, h: rule.exits_after(d + 1, ref.gate(h[0])))
         pos += 1
-        nxt = int(torch.argmax(ref.logits(states[-1][0])))
+        nxt = pick(ref.logits(states[-1][0]))
         depth = len(states)
