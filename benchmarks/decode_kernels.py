@@ -25,6 +25,7 @@ Prints one table per part and writes the numbers as JSON. GPU only (the kernels 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -145,6 +146,9 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
             dflt = graph_time_ms(lambda: [fused(w) for w in ws]) / copies
             row.update(fused_us=dflt * 1e3, fused_gbps=nbytes / dflt / 1e6, rel_err=err,
                        default_tiles=list(fl._tiles(m, "rope_kv" if kind == "rope" else "silu_mul")))
+            with _fold_on():  # rlt.attention.fold: the projection split over K, the last program finishing a tile
+                folded = graph_time_ms(lambda: [fused(w) for w in ws]) / copies
+                row.update(fold_us=folded * 1e3, fold_err=rel_err(fused(ws[0]), unfused(ws[0])))
             if m in sweep_rows:
                 best = None
                 for t in _sweep_tiles(m, kind != "plain"):
@@ -167,7 +171,7 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
             print(f"{name:14s} m={m:4d}  unfused {row['unfused_us']:7.1f} us ({row['unfused_gbps']:6.0f} GB/s)  "
                   f"fused {row['fused_us']:7.1f} us ({row['fused_gbps']:6.0f} GB/s)"
                   + (f"  best {row['best_us']:7.1f} us {tuple(row['best_tiles'])}" if "best_us" in row else "")
-                  + f"  err {err:.1e}", flush=True)
+                  + f"  err {err:.1e}  folded {row['fold_us']:7.1f} us err {row['fold_err']:.1e}", flush=True)
         del ws
         torch.cuda.empty_cache()
     return results
@@ -181,6 +185,22 @@ def _split_plans(m: int) -> list[fl.SplitPlan]:
     bms = [16] if m <= 16 else [64]
     return [fl.SplitPlan(fl.Tiles(bm, bn, bk, 4, st), sp)
             for bm, bn, bk, st, sp in itertools.product(bms, (16, 32, 64), (128, 256), (3, 4), (2, 4, 8))]
+
+
+@contextlib.contextmanager
+def _fold_on():
+    """RLT_FOLD=1 for the calls inside (rlt.attention.fold reads it on refresh)."""
+    saved = os.environ.get("RLT_FOLD")
+    os.environ["RLT_FOLD"] = "1"
+    fold.refresh()
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("RLT_FOLD", None)
+        else:
+            os.environ["RLT_FOLD"] = saved
+        fold.refresh()
 
 
 def bench_split_k(ws: list[torch.Tensor], x: torch.Tensor, nbytes: int, sweep: bool) -> dict:

@@ -29,9 +29,9 @@ case $CALL in
     timeout 150 python3 -m pytest tests/gpu/test_triton_attention_gpu.py tests/gpu/test_fused_ops_gpu.py -m gpu -q \
       -p no:cacheprovider -o addopts="" -rfE -k "fold" > "$R/fold-tests.log" 2>&1
     grep -E "passed|failed|^FAILED|^ERROR" "$R/fold-tests.log" | tail -6
-    timeout 200 python3 -m benchmarks.decode_kernels --parts linear,attention --rows 1,4,64 --sweep-rows "" \
-      --shapes o_proj,down_proj --attention-cases 1x1024,64x1024 --out "$R/kernels.json" > "$R/kernels.log" 2>&1
-    grep -E "^(o_proj|down_proj|attention)" "$R/kernels.log" | tail -20
+    timeout 200 python3 -m benchmarks.decode_kernels --parts linear,attention --rows 1,4,64 --sweep-rows "" --shapes "qkv+rope+kv,o_proj,gate_up+silu,down_proj" \
+      --attention-cases 1x1024,64x1024 --out "$R/kernels.json" > "$R/kernels.log" 2>&1
+    grep -E "^(qkv|o_proj|gate_up|down_proj|attention)" "$R/kernels.log" | tail -24
     SKIP_TESTS=1 VARIANTS="decode fold" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 OUT=$R bash scripts/decode_h200.sh ;;
   c)
     SKIP_TESTS=1 VARIANTS="decode prefetch foldprefetch" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=170 \

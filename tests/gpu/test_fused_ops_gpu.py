@@ -177,3 +177,47 @@ def test_split_k_projection_into_add_norm_norm(dtype, rows):
         else:
             _bounded(pieces.total(), F.linear(x, w), dtype, f"split-K {n}x{k}")
             _bounded(got_n, want_n, dtype, f"split-K + add_norm_norm {n}x{k}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("rows", [1, 4, 64])
+def test_fused_projections_split_over_k_with_the_fold(dtype, rows, monkeypatch):
+    """rlt.attention.fold on the GPU: q/k/v + RoPE + KV store and gate/up + SiLU split over K, the last
+    program of each tile summing the pieces in split order — within the fused kernels' bound of the eager
+    ops, and the same bits on 30 launches (the sum order does not depend on which program is last)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    import torch.nn.functional as F
+
+    from rlt.attention import fold
+    from rlt.platform.models import fused_linear as fl
+    from rlt.platform.models.fused_ops import rope_qk_, silu_mul
+    from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
+
+    monkeypatch.setenv("RLT_FOLD", "1")
+    fold.refresh()
+    try:
+        g = torch.Generator(device="cuda").manual_seed(11 + rows)
+        x = torch.randn(rows, 2048, device="cuda", generator=g).to(dtype)
+        gu = (torch.randn(2 * 5632, 2048, device="cuda", generator=g) * 2048 ** -0.5).to(dtype)
+        wq = (torch.randn(48 * 128, 2048, device="cuda", generator=g) * 2048 ** -0.5).to(dtype)
+        assert fl._tile_splits(x, 176 * -(-rows // 64), 2048, 128, 64, 32)[0] > 1  # the split engages here
+        first = fl.linear_silu_mul(x, gu)
+        _bounded(first, silu_mul(F.linear(x, gu)), dtype, "gate/up + SiLU split over K")
+        cos, sin = rope_cos_sin(torch.arange(rows, device="cuda") + 900, rope_inv_freq(128, 1e6, device="cuda"), dtype)
+        kc = torch.zeros(4096, 16 * 128, device="cuda", dtype=dtype)
+        vc = torch.zeros_like(kc)
+        slots = torch.arange(rows, device="cuda") * 5
+        q, k, v, stored = fl.linear_rope_kv(x, wq, cos, sin, 16, 16, 128, (kc, vc, slots))
+        qe, ke, ve, _ = rope_qk_(F.linear(x, wq), cos, sin, 16, 16, 128, use_triton=False)
+        assert stored and torch.equal(kc[slots], k.reshape(rows, -1)) and torch.equal(vc[slots], v.reshape(rows, -1))
+        for got, want, what in ((q, qe, "q"), (k, ke, "k"), (v, ve, "v")):
+            _bounded(got, want, dtype, f"q/k/v + RoPE split over K: {what}")
+        for _ in range(30):
+            assert torch.equal(fl.linear_silu_mul(x, gu), first)
+            assert torch.equal(fl.linear_rope_kv(x, wq, cos, sin, 16, 16, 128, None)[0], q)
+        torch.cuda.synchronize()
+        assert int(fl._fold_counters(x.device).abs().sum()) == 0
+    finally:
+        monkeypatch.delenv("RLT_FOLD")
+        fold.refresh()

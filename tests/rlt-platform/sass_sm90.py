@@ -77,6 +77,8 @@ def main() -> dict:
         out[name + "/prefetch"] = sass_of(fn, dict(consts, **PREFETCH), num_stages=4)
         out[name + "/plain"] = sass_of(fn, dict(consts, PREFETCH=False), num_stages=4)
     out["split_k/fold"] = sass_of(fl._linear_split_k_kernel, dict(SPLIT_K, FOLD=True), num_stages=4)
+    out["silu_mul/fold"] = sass_of(fl._linear_silu_mul_kernel, dict(SILU, SPLITS=2), num_stages=4)
+    out["rope_kv/fold"] = sass_of(fl._linear_rope_kv_kernel, dict(ROPE, SPLITS=4), num_stages=4)
     out["decode/fold"] = sass_of(paged_decode.decode_grouped_kernel, DECODE)
     return out
 

@@ -60,3 +60,9 @@ def test_split_k_fold_orders_its_ticket(sass):
 def test_decode_attention_fold_orders_its_ticket(sass):
     _ticket_then_l2_reads(sass["decode/fold"]["ops"])
     assert sass["decode/fold"]["local"] == 0
+
+
+@pytest.mark.parametrize("kernel", ["silu_mul", "rope_kv"])
+def test_split_tile_fold_orders_its_ticket(sass, kernel):
+    _ticket_then_l2_reads(sass[kernel + "/fold"]["ops"])
+    assert sass[kernel + "/fold"]["local"] == 0
