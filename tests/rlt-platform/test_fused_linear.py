@@ -226,3 +226,15 @@ def test_prefetch_constexprs(monkeypatch):
     assert fused_linear._prefetch(x, 2048) == {"PREFETCH": True, "LINE": 64, "LINES": 32}
     assert fused_linear._prefetch(x, 1408) == {"PREFETCH": True, "LINE": 64, "LINES": 32}   # 22 lines, 10 clamped
     assert fused_linear._prefetch(x.float(), 5632) == {"PREFETCH": True, "LINE": 32, "LINES": 256}
+
+
+def test_balanced_splits_fill_the_waves():
+    """The fold's K split for the fused projections (132 SMs, Ouro-1.4B): q/k/v at one row 96 tiles -> 4
+    splits (384 programs, 3 % over whole waves), gate/up 176 -> 2 (352); none where one split is already
+    within 10 % of whole waves or the K ranges would fall under the minimum."""
+    split = fused_linear._balanced_splits
+    assert split(96, 2048, 256, 132, 512) == 4
+    assert split(176, 2048, 128, 132, 512) == 2
+    assert split(264, 2048, 128, 132, 512) == 1      # two whole waves already
+    assert split(96, 1024, 256, 132, 512) == 1       # 2 fill no better (192 = 1.45 waves), 4 would cut K to 256
+    assert fused_linear._wave_excess(384, 132) == pytest.approx(396 / 384)

@@ -388,18 +388,23 @@ def _tile_splits(x: torch.Tensor, tiles: int, k: int, block_k: int, block_m: int
     176 -> 2 splits, 352 (12.5 %). Not yet measured (``docs/decode.md``)."""
     if not fold_enabled(x):
         return 1, x, x
-    sms = _sm_count(x.device)
-    best, best_excess = 1, _wave_excess(tiles, sms)
-    for splits in (2, 4, 8):
-        if k % (splits * block_k) or k // splits < MIN_TILE_SPLIT_K:
-            continue
-        excess = _wave_excess(tiles * splits, sms)
-        if excess < best_excess / 1.1:
-            best, best_excess = splits, excess
+    best = _balanced_splits(tiles, k, block_k, _sm_count(x.device), MIN_TILE_SPLIT_K)
     if best == 1:
         return 1, x, x
     parts = torch.empty(tiles * best * 2 * block_m * block_n, dtype=torch.float32, device=x.device)
     return best, parts, _fold_counters(x.device, tiles)
+
+
+@functools.lru_cache(maxsize=1024)  # asked at every launch; pure in its ints
+def _balanced_splits(tiles: int, k: int, block_k: int, sms: int, min_split_k: int) -> int:
+    best, best_excess = 1, _wave_excess(tiles, sms)
+    for splits in (2, 4, 8):
+        if k % (splits * block_k) or k // splits < min_split_k:
+            continue
+        excess = _wave_excess(tiles * splits, sms)
+        if excess < best_excess / 1.1:
+            best, best_excess = splits, excess
+    return best
 
 
 def _launch_split_k(x: torch.Tensor, weight: torch.Tensor, plan: SplitPlan, fold: tuple | None = None) -> torch.Tensor:
