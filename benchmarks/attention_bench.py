@@ -113,7 +113,17 @@ def record(name, kind, ms, work, ceiling, **extra):
 
 
 def run_triton(pb, backend):
-    return lambda: backend.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale)
+    extra = {"new_kv": step_kv(pb)} if backend.takes_new_kv else {}
+    return lambda: backend.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale, **extra)
+
+
+def step_kv(pb):
+    """The problem's new tokens' K/V as the model hands them to a backend that takes them
+    (``AttentionBackend.takes_new_kv``): the values stored at their slots, dense ``[N, kv_heads, d]``."""
+    def flat(t):
+        return t[pb.layer].reshape(-1, t.shape[-2], t.shape[-1])
+
+    return flat(pb.kv.k)[pb.meta.slot_mapping], flat(pb.kv.v)[pb.meta.slot_mapping]
 
 
 def bench_decode(name, rows, ctx, ceil, backend, graph=True, **meta):
@@ -240,7 +250,7 @@ def check_default(name, pb, backend) -> float:
     """||triton - torch reference|| / ||reference|| on the benchmarked problem itself."""
     from rlt.attention.backends.torch_ref import TorchReferenceBackend
 
-    got = backend.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale).float()
+    got = run_triton(pb, backend)().float()
     want = TorchReferenceBackend().forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale).float()
     err = ((got - want).norm() / want.norm()).item()
     del got, want
@@ -267,6 +277,8 @@ def main(argv=None) -> int:
     rows += bench_decode("decode 64x4096", 64, 4096, ceil, backend)
     rows += bench_decode("decode 1x32768", 1, 32768, ceil, backend)
     rows.append(bench_prefill("prefill 8192", 8192, ceil, backend))
+    # the fresh 8K prompt's keys read densely through TMA (RLT_DENSE_PREFILL; sm_90+, off by default)
+    rows.append(bench_prefill("prefill 8192 dense (TMA)", 8192, ceil, TritonBackend(dense_prefill=True)))
     rows += flash_rows(ceil)
     rows += sdpa_rows(ceil)
     swept = sweep(ceil) if args.sweep else []

@@ -9,11 +9,14 @@
 #      then rlt-decode end to end, default vs RLT_FOLD=1 (C=1, C=64; same build back to back)
 #   c  rlt-decode end to end, RLT_PREFETCH=1 and both, plus the C=128 1K/128 end-to-end workload for each
 #   d  self-speculation re-measured on this build (scripts/spec_h200.sh: d=1/2, K=2..8, measured acceptance)
+#   e  the Triton prefill kernel with fresh prompt rows read densely through TMA (RLT_DENSE_PREFILL): the attention
+#      micro-benchmark (8K: paged vs dense, % of the matmul rate; target 60 %), then Triton-only 8K prefill end to
+#      end, dense off / on (FA4 not installed in this call, so prompt rows stay on Triton)
 # Then: flip rlt.attention.fold.DEFAULT / the prefetch default only if they pay, and record everything in
 # $OUT/README.md (device, versions, command, median of three after one warm-up).
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to a, b, c or d}
+CALL=${CALL:?set CALL to a, b, c, d or e}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -38,5 +41,13 @@ case $CALL in
       EXTRA_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=35,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
   d)
     OUT=$R bash scripts/spec_h200.sh ;;
+  e)
+    timeout 240 python3 benchmarks/attention_bench.py --out "$R/attention_bench.json" > "$R/attention_bench.log" 2>&1
+    grep -E "prefill|ceilings" "$R/attention_bench.log" | head -12
+    for dense in 0 1; do
+      RLT_DENSE_PREFILL=$dense timeout 150 python3 -m benchmarks.prefill_bench --workload single profile --reps 3 \
+        > "$R/prefill8k-dense$dense.log" 2>&1
+      echo "== dense $dense"; grep -E '"workload": "single"' "$R/prefill8k-dense$dense.log" | tail -1 | cut -c1-300
+    done ;;
   *) echo "unknown CALL $CALL"; exit 2 ;;
 esac

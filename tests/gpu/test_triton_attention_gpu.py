@@ -110,6 +110,30 @@ def test_folded_merge_matches_merge_kernel(monkeypatch, variant, heads):
             assert torch.equal(got, outs["0"][0]), splits
 
 
+@pytest.mark.parametrize("heads", [(16, 16), (16, 4)], ids=["mha", "gqa4"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_dense_prefill_against_reference(heads, dtype):
+    """Fresh prompt rows read their keys densely through TMA (RLT_DENSE_PREFILL's path): an 8K prompt and
+    a mixed batch (fresh rows, rows with history, decode rows) against the reference, poisoned output."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs sm_90")
+    for rows, seed in (([(8192, 8192, 3)], 1), (MIXED + [(700, 700, 1), (129, 129, 0)], 2)):
+        pb = random_problem(rows, num_heads=heads[0], num_kv_heads=heads[1], head_dim=128, block_size=16,
+                            num_planes=4, layout=KVLayout.LAST_EXITED, dtype=dtype, device=CUDA, num_layers=2, layer=1,
+                            seed=seed)
+        flat = lambda t: t[pb.layer].reshape(-1, heads[1], 128)  # noqa: E731
+        new_kv = (flat(pb.kv.k)[pb.meta.slot_mapping], flat(pb.kv.v)[pb.meta.slot_mapping])
+        backend = TritonBackend(poison_output=True, dense_prefill=True)
+        assert backend._dense_ready(pb.query, new_kv, pb.kv.k)
+        got = backend.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale, new_kv=new_kv)
+        want = REF.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale)
+        torch.cuda.synchronize()
+        assert not torch.isnan(got).any()
+        err = rel_err(got, want)
+        print(f"dense prefill rel_err={err:.3e} rows={len(rows)} heads={heads} {dtype}")
+        assert err < TOL[dtype], err
+
+
 def test_one_long_row_uses_splits():
     backend = TritonBackend()
     assert backend.splits_for(1, 16, 32768, CUDA) > 16
@@ -198,11 +222,17 @@ def test_selection_on_this_gpu_prefers_triton_for_last_exited():
     ("triton", "last_exited", dict(seed=73, num_attention_heads=4, num_key_value_heads=4, head_dim=16)),
     ("triton", "last_exited", dict(seed=74, gate_bias=1.5)),  # adaptive exits: mixed-depth history
     ("torch", "last_exited", dict(seed=74, gate_bias=1.5)),   # control for the rest of the GPU path
+    ("triton-dense", "last_exited", dict(seed=75, num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
 ])
-def test_engine_fp32_chunked_prefill_small_pages(tiny_checkpoint, backend, layout, kw):
+def test_engine_fp32_chunked_prefill_small_pages(tiny_checkpoint, backend, layout, kw, monkeypatch):
     """Prompts up to 40 tokens in chunks of <= 48 batched tokens over 4-token pages: rows with history,
-    mixed prefill + decode steps, page boundaries; greedy tokens and exit depths equal the oracle."""
+    mixed prefill + decode steps, page boundaries; greedy tokens and exit depths equal the oracle.
+    ``triton-dense``: the Triton backend with fresh prompt rows' keys read densely (RLT_DENSE_PREFILL=1)."""
     from rlt.platform import EngineConfig, LLMEngine, SamplingParams
+
+    if backend == "triton-dense":
+        monkeypatch.setenv("RLT_DENSE_PREFILL", "1")
+        backend = "triton"
     from rlt.platform.checkpoint import load_checkpoint
     from rlt.platform.models.ouro_reference import reference_generate
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 INTERPRET = not torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
-_KERNEL_MODULES = ("paging", "paged_decode", "paged_prefill", "kv_write")
+_KERNEL_MODULES = ("paging", "paged_decode", "paged_prefill", "dense_prefill", "kv_write")
 
 
 def _fix_interpreter_index() -> None:

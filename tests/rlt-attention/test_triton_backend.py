@@ -111,6 +111,45 @@ def test_folded_merge_is_the_merge_kernel(monkeypatch, variant, heads, splits):
     assert rel_err(outs["1"], REF.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale)) < TOL[torch.float32]
 
 
+FRESH_ROWS = [(50, 50, 3), (17, 17, 1), (1, 1, 2), (33, 33, 0)]   # prompts' first chunks (no earlier context)
+
+
+@pytest.mark.parametrize("layout", list(KVLayout))
+@pytest.mark.parametrize("heads", ["mha", "gqa2"])
+@pytest.mark.parametrize("rows", [FRESH_ROWS, MIXED_ROWS, CHUNK_ROWS], ids=["fresh", "mixed", "chunks"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_prefill_reads_fresh_rows_through_tma_descriptors(layout, heads, rows, dtype):
+    """Rows whose context is only their new tokens read K/V densely from the step's K/V (TMA descriptors,
+    triton_kernels.dense_prefill); the others stay on the paged kernels, which skip the fresh ones. Against
+    the reference, with the output poisoned first (every element written by exactly one of the kernels)."""
+    nh, nkv = HEADS[heads]
+    pb = random_problem(rows, num_heads=nh, num_kv_heads=nkv, head_dim=16, block_size=4, num_planes=4,
+                        layout=layout, dtype=dtype, seed=len(rows), num_layers=2, layer=1)
+    flat = lambda t: t[pb.layer].reshape(-1, nkv, 16)  # noqa: E731 - the cache's flat slots
+    new_kv = (flat(pb.kv.k)[pb.meta.slot_mapping], flat(pb.kv.v)[pb.meta.slot_mapping])
+    backend = TritonBackend(poison_output=True, dense_prefill=True, **SMALL)
+    assert backend.takes_new_kv and backend._dense_ready(pb.query, new_kv, pb.kv.k)
+    got = backend.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale, new_kv=new_kv)
+    want = REF.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale)
+    assert not torch.isnan(got).any(), "unwritten (poisoned) output elements"
+    assert rel_err(got, want) < TOL[dtype]
+    plain = TritonBackend(poison_output=True, **SMALL).forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale)
+    assert rel_err(got, plain) < TOL[dtype]
+
+
+def test_dense_prefill_is_off_unless_asked_and_usable(monkeypatch):
+    monkeypatch.delenv("RLT_DENSE_PREFILL", raising=False)
+    assert TritonBackend().takes_new_kv is False                     # off by default until measured
+    monkeypatch.setenv("RLT_DENSE_PREFILL", "1")
+    assert TritonBackend().takes_new_kv is True
+    q = torch.zeros(8, 2, 16)
+    kv = (torch.zeros(8, 1, 16), torch.zeros(8, 1, 16))
+    assert TritonBackend._dense_ready(q, kv, torch.zeros(1))
+    assert not TritonBackend._dense_ready(q, kv, torch.zeros(1, dtype=torch.bfloat16))  # not the cache's values
+    assert not TritonBackend._dense_ready(torch.zeros(8, 2, 24), kv, torch.zeros(1))     # head_dim not a power of 2
+    assert not TritonBackend._dense_ready(q, (kv[0][:, :, :8], kv[1]), torch.zeros(1))    # shapes differ
+
+
 def test_auto_split_policy_is_exercised():
     backend = TritonBackend(min_keys_per_split=16)
     cpu = torch.device("cpu")  # the interpreter pretends to have 16 SMs

@@ -17,7 +17,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from rlt.attention.backends.triton_kernels import paged_decode
+from rlt.attention.backends.triton_kernels import dense_prefill, paged_decode
 from rlt.platform.models import fused_linear as fl
 
 POINTERS = {"X": "*bf16", "W": "*bf16", "PARTS": "*fp32", "CNT": "*i32", "H": "*bf16", "W1": "*bf16", "W2": "*bf16",
@@ -32,13 +32,13 @@ ALIGNED = {"stride_xm", "stride_wn", "stride_ps", "stride_pm", "stride_om", "str
 TOOL = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 
 
-def sass_of(fn, consts: dict, num_warps: int = 4, num_stages: int = 3) -> dict:
+def sass_of(fn, consts: dict, num_warps: int = 4, num_stages: int = 3, types: dict | None = None) -> dict:
     """``{"ops": SASS instructions in order, "local": spilled bytes}`` of ``fn`` compiled for sm_90."""
     consts = dict(consts)
     for p in fn.params:  # constexprs left out take their defaults, as at a launch
         if p.is_constexpr and p.name not in consts and p.has_default:
             consts[p.name] = p.default
-    sig = {n: ("constexpr" if n in consts else POINTERS.get(n, "i32")) for n in fn.arg_names}
+    sig = {n: ("constexpr" if n in consts else {**POINTERS, **(types or {})}.get(n, "i32")) for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if n not in consts and (n in ALIGNED or sig[n].startswith("*"))}
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
@@ -63,6 +63,7 @@ SILU = dict(K=2048, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, EVEN_K=True, PRECISION=
 ROPE = dict(K=2048, NUM_Q=16, NUM_KV=16, HEAD_DIM=128, BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, EVEN_K=True,
             PRECISION="tf32", WRITE_KV=True, PDL=True)
 PREFETCH = dict(PREFETCH=True, LINE=64, LINES=32)
+DENSE = dict(GROUP=1, HEAD_DIM=128, BLOCK_M=128, BLOCK_N=128, SKIP_SINGLE=True, DOT_PRECISION="tf32")
 DECODE = dict(NUM_HEADS=16, GROUP=1, BLOCK_G=16, HEAD_DIM=128, BLOCK_D=128, BLOCK_SIZE=16, BLOCK_N=32, SPLIT=True,
               LAST_EXITED=True, PRE_RESOLVED=True, DOT_PRECISION="tf32", FOLD=True, BLOCK_S=64, PDL=True)
 
@@ -80,6 +81,9 @@ def main() -> dict:
     out["silu_mul/fold"] = sass_of(fl._linear_silu_mul_kernel, dict(SILU, SPLITS=2), num_stages=4)
     out["rope_kv/fold"] = sass_of(fl._linear_rope_kv_kernel, dict(ROPE, SPLITS=4), num_stages=4)
     out["decode/fold"] = sass_of(paged_decode.decode_grouped_kernel, DECODE)
+    box = "tensordesc<bf16[128,128]>"  # Ouro's head_dim, the default 128 x 128 prefill tiles
+    out["prefill/dense"] = sass_of(dense_prefill.dense_prefill_kernel, DENSE, num_warps=8, num_stages=2,
+                                   types={"q_desc": box, "k_desc": box, "v_desc": box})
     return out
 
 

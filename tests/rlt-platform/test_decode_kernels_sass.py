@@ -1,4 +1,4 @@
-"""The decode kernels compiled for sm_90 (no GPU: ``sass_sm90.py``): properties of the machine code that no
+"""The decode kernels (and the dense prefill kernel) compiled for sm_90 (no GPU: ``sass_sm90.py``): properties of the machine code that no
 CPU run can observe and that the GPU tests only see as speed — weight prefetches issued before
 ``griddepcontrol.wait`` (``rlt.attention.pdl``), the folds' release fence / GPU-scope atomic /
 L1-bypassing loads (``rlt.attention.fold``), and no spills."""
@@ -66,3 +66,12 @@ def test_decode_attention_fold_orders_its_ticket(sass):
 def test_split_tile_fold_orders_its_ticket(sass, kernel):
     _ticket_then_l2_reads(sass[kernel + "/fold"]["ops"])
     assert sass[kernel + "/fold"]["local"] == 0
+
+
+def test_dense_prefill_loads_tiles_with_tma_and_chains_its_mma(sass):
+    """dense_prefill: Q/K/V tiles by TMA (UTMALDG), none by cp.async gathers; the QK and PV wgmma chains
+    wait twice in all (no ptxas serialisation after every HGMMA, paged_prefill's C7515 finding); no spills."""
+    ops = sass["prefill/dense"]["ops"]
+    assert index_of(ops, "UTMALDG") and not index_of(ops, "LDGSTS")
+    assert len(index_of(ops, "HGMMA")) >= 16 and len(index_of(ops, "WARPGROUP.DEPBAR")) <= 2
+    assert sass["prefill/dense"]["local"] == 0

@@ -129,3 +129,37 @@ def test_more_refusals_of_what_the_public_code_would_compute_differently():
     assert ouro.parse_config({**OURO_14B, "use_sliding_window": True, "max_window_layers": 24})
     with pytest.raises(CheckpointError, match="sliding-window attention"):
         ouro.parse_config({**OURO_14B, "use_sliding_window": True, "max_window_layers": 23})
+
+
+def test_attend_hands_the_stored_kv_to_a_backend_that_takes_it(tiny_checkpoint):
+    """StackModel.attend passes ``new_kv`` (the step's post-RoPE K/V) only to a backend whose
+    ``takes_new_kv`` is set, and they are exactly the values just stored at the step's slots (what the
+    Triton backend's dense prefill reads instead of the pages)."""
+    import torch
+
+    from rlt.attention.backends.torch_ref import TorchReferenceBackend
+    from rlt.attention.synthetic import random_problem
+    from rlt.platform.checkpoint import load_checkpoint
+
+    class Spy(TorchReferenceBackend):
+        takes_new_kv = True
+        seen = []
+
+        def forward(self, query, kv, layer, meta, scale, new_kv=None):
+            self.seen.append(new_kv)
+            return super().forward(query, kv, layer, meta, scale)
+
+    ck = load_checkpoint(tiny_checkpoint(seed=5), dtype=torch.float32)
+    model = ck.family.build_runtime(ck.config, ck.weights)
+    cfg = ck.config
+    pb = random_problem([(9, 9, 1), (12, 5, 2)], num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads,
+                        head_dim=cfg.head_dim, block_size=4, num_planes=4, num_layers=cfg.num_hidden_layers, layer=1)
+    a = torch.randn(pb.query.shape[0], cfg.hidden_size)
+    rope = model.rotary(pb.meta.positions)
+    model.attend(1, model.layers[1], a, rope, pb.kv, Spy(), pb.meta)
+    (k, v), = Spy.seen
+    flat = lambda t: t[1].reshape(-1, cfg.num_key_value_heads, cfg.head_dim)  # noqa: E731
+    assert torch.equal(k, flat(pb.kv.k)[pb.meta.slot_mapping]) and torch.equal(v, flat(pb.kv.v)[pb.meta.slot_mapping])
+    Spy.takes_new_kv = False
+    model.attend(1, model.layers[1], a, rope, pb.kv, Spy(), pb.meta)
+    assert Spy.seen[-1] is None

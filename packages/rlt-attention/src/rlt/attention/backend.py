@@ -63,6 +63,10 @@ class AttentionBackend(abc.ABC):
 
     name: str = "abstract"
     spec: BackendSpec = BackendSpec()
+    #: True when ``forward`` also takes ``new_kv=(key, value)``: this step's post-RoPE K/V ``[N, kv_heads,
+    #: head_dim]`` as stored into the pages (a model passes them only then; the Triton backend's dense
+    #: prefill reads fresh prompt rows' keys from them).
+    takes_new_kv: bool = False
 
     def __init__(self, *, scatter: RowScatter = portable_row_scatter) -> None:
         self._scatter = scatter

@@ -46,6 +46,7 @@ Graph safety: no host synchronisation, no data-dependent Python, split scratch c
 
 from __future__ import annotations
 
+import functools
 import os
 
 import attrs
@@ -55,6 +56,7 @@ from rlt.attention.backend import AttentionBackend, BackendSpec
 from rlt.attention.kv_cache import KVCache, KVLayout, RowScatter, portable_row_scatter
 from rlt.attention.metadata import AttentionMetadata
 from rlt.attention.fold import fold_enabled
+
 from rlt.attention.pdl import kernel_options
 
 _LOG2E = 1.4426950408889634
@@ -83,6 +85,17 @@ def _fit_shared(block_m: int, block_n: int, num_stages: int, block_d: int, elem:
         else:
             break
     return block_n, num_stages
+
+
+@functools.cache
+def _tensor_descriptor():
+    """Triton's host-side TMA descriptor class (Triton >= 3.3), imported on first use like the kernels;
+    None without it (the dense prefill path then stays off)."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None
+    return TensorDescriptor
 
 
 def _next_pow2(x: int) -> int:
@@ -153,9 +166,13 @@ class TritonBackend(AttentionBackend):
         min_keys_per_split: int = 32,
         fused_kv_write: bool = True,
         poison_output: bool = False,
+        dense_prefill: bool | None = None,
         scatter: RowScatter = portable_row_scatter,
     ) -> None:
         super().__init__(scatter=scatter)
+        #: Fresh prompt rows read their keys densely through TMA (``triton_kernels.dense_prefill``) when the
+        #: model passes the step's K/V; None: ``RLT_DENSE_PREFILL=1`` (off until measured on the H200).
+        self.takes_new_kv = os.environ.get("RLT_DENSE_PREFILL") == "1" if dense_prefill is None else dense_prefill
         if decode_variant not in ("auto", "elementwise", "grouped"):
             raise ValueError(f"decode_variant must be auto, elementwise or grouped, got {decode_variant!r}")
         if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
@@ -290,7 +307,8 @@ class TritonBackend(AttentionBackend):
         return attrs.evolve(meta, resolved_slots=self._resolve(kv, meta, self._tables(meta)))
 
     def forward(
-        self, query: torch.Tensor, kv: KVCache, layer: int, meta: AttentionMetadata, scale: float
+        self, query: torch.Tensor, kv: KVCache, layer: int, meta: AttentionMetadata, scale: float,
+        new_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         n, nh, d = query.shape
         if n == 0:
@@ -331,9 +349,59 @@ class TritonBackend(AttentionBackend):
             self._decode(paged_decode, q, k, v, out, common, rows, nh, nkv, group, d, block_d, kv.block_size,
                          precision, meta.max_seq_len, **flags)
         if not pure_decode:
+            dense = new_kv is not None and self.takes_new_kv and self._dense_ready(q, new_kv, k)
+            if dense:
+                self._dense_prefill(q, new_kv, out, meta, rows, group, d, precision, scale, skip_single=rows > 1)
             self._prefill(paged_prefill, q, k, v, out, common, rows, nkv, group, d, block_d, kv.block_size,
-                          precision, meta.max_query_len, skip_single=rows > 1, last_exited=last_exited, pre=pre)
+                          precision, meta.max_query_len, skip_single=rows > 1, last_exited=last_exited, pre=pre,
+                          skip_fresh=dense)
         return out
+
+    @staticmethod
+    def _dense_ready(q: torch.Tensor, new_kv: tuple[torch.Tensor, torch.Tensor], cache: torch.Tensor) -> bool:
+        """Whether the dense TMA path can read this step's K/V: Triton's host-side tensor descriptors exist,
+        the device has TMA (CUDA sm_90+; or the interpreter), the values are the cache's (same dtype), and
+        every 2-D view ``[tokens, heads * head_dim]`` has a contiguous head_dim, 16-byte aligned rows and
+        base, and a power-of-two head_dim of at most 256 (one TMA box)."""
+        if _tensor_descriptor() is None:
+            return False
+        if q.is_cuda:
+            if torch.version.hip is not None or torch.cuda.get_device_capability(q.device)[0] < 9:
+                return False
+        elif os.environ.get("TRITON_INTERPRET") != "1":
+            return False
+        d = q.shape[2]
+        if d & (d - 1) or d > 256 or d * q.element_size() < 16:
+            return False
+        for t in (q, *new_kv):
+            if t.dtype != cache.dtype or t.dim() != 3 or t.shape[2] != d or t.stride(2) != 1 or t.stride(1) != d:
+                return False
+            if (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+                return False
+        return new_kv[0].shape == new_kv[1].shape and new_kv[0].shape[0] == q.shape[0]
+
+    def _dense_prefill(self, q, new_kv, out, meta, rows, group, d, precision, scale, skip_single):
+        from rlt.attention.backends.triton_kernels.dense_prefill import dense_prefill_kernel
+
+        elem = q.element_size()
+        tiles = self.fp32_prefill_tiles if elem == 4 else self.prefill_tiles
+        block_m = min(tiles.block_m, max(16, _next_pow2(meta.max_query_len)))
+        block_n, num_stages = _fit_shared(block_m, tiles.block_n, tiles.num_stages, d, elem)
+        block_n = min(block_n, block_m) if block_m < 64 else block_n
+        n, nh = q.shape[0], q.shape[1]
+
+        def desc(t: torch.Tensor, box_rows: int):
+            return _tensor_descriptor()(t, [t.shape[0], t.shape[1] * d], [t.stride(0), 1], [box_rows, d])
+
+        variant = tiles.variant_flags(elem)
+        dense_prefill_kernel[(nh, n // block_m + rows)](
+            desc(q, block_m), desc(new_kv[0], block_n), desc(new_kv[1], block_n), out, meta.seq_lens,
+            meta.query_start_loc, scale * _LOG2E, out.stride(0), rows,
+            GROUP=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, SKIP_SINGLE=skip_single,
+            DOT_PRECISION=precision, FMA_SCALE=variant["FMA_SCALE"], DOT_ACC=variant["DOT_ACC"],
+            LAZY_RESCALE=variant["LAZY_RESCALE"],
+            num_warps=tiles.num_warps if block_m >= 128 else min(tiles.num_warps, 4), num_stages=num_stages,
+        )
 
     def _paging(self):
         from rlt.attention.backends.triton_kernels import paging
@@ -378,7 +446,7 @@ class TritonBackend(AttentionBackend):
             )
 
     def _prefill(self, kernels, q, k, v, out, common, rows, nkv, group, d, block_d, block_size,
-                 precision, max_query_len, skip_single, last_exited, pre):
+                 precision, max_query_len, skip_single, last_exited, pre, skip_fresh=False):
         elem = q.element_size()
         tiles = self.fp32_prefill_tiles if elem == 4 else self.prefill_tiles
         gpad = _next_pow2(group)
@@ -401,6 +469,6 @@ class TritonBackend(AttentionBackend):
             q, k, v, out, *common[:-1], rows, common[-1],
             GROUP=group, GROUP_PAD=gpad, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=block_size,
             BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, LAST_EXITED=last_exited,
-            SKIP_SINGLE=skip_single, PRE_RESOLVED=pre, DOT_PRECISION=precision,
+            SKIP_SINGLE=skip_single, PRE_RESOLVED=pre, DOT_PRECISION=precision, SKIP_FRESH=skip_fresh,
             num_warps=num_warps, num_stages=num_stages, **variant,
         )

@@ -205,7 +205,10 @@ class StackModel(LoopedModel):
                                          cfg.head_dim, store)
         if not stored:
             attention.write_kv(kv, idx, k, v, meta)
-        return (linear_split_k if split_k else F.linear)(attention.forward(q, kv, idx, meta, self.scale), layer.o)
+        # a backend that can read fresh prompt rows' keys densely gets the K/V just stored (AttentionBackend.takes_new_kv)
+        extra = {"new_kv": (k, v)} if attention.takes_new_kv else {}
+        return (linear_split_k if split_k else F.linear)(attention.forward(q, kv, idx, meta, self.scale, **extra),
+                                                         layer.o)
 
     def exit_logit(self, hidden: torch.Tensor) -> torch.Tensor:
         """No gate (a family with one overrides this): the exit probability never accumulates."""

@@ -12,7 +12,8 @@ mask (first loop); the remaining tiles up to the block's last query position are
 (second loop). Softmax is online, fp32, in the exp2 domain; P is cast to the value dtype for the
 PV product (bf16/fp16 MMA with fp32 accumulation; fp32 inputs use ``DOT_PRECISION``).
 
-With ``SKIP_SINGLE`` rows of query length 1 are left to the decode kernel (mixed batches).
+With ``SKIP_SINGLE`` rows of query length 1 are left to the decode kernel (mixed batches); with
+``SKIP_FRESH`` rows whose context is only their new tokens are left to ``dense_prefill``.
 
 Variants (constexpr switches, all exact up to fp32 summation order; :class:`PrefillTiles` of the
 backend sets them, ``benchmarks/prefill_kernel_sweep.py`` times them):
@@ -201,6 +202,7 @@ def prefill_kernel(
     DOT_ACC: tl.constexpr = False,
     LAZY_RESCALE: tl.constexpr = False,
     ONE_LOOP: tl.constexpr = False,
+    SKIP_FRESH: tl.constexpr = False,
 ):
     if HEADS_FASTEST:
         q_block = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -218,6 +220,9 @@ def prefill_kernel(
         if q_len == 1:
             return
     seq_len = tl.load(seq_lens_ptr + row)
+    if SKIP_FRESH:  # rows with no earlier context: dense_prefill serves them
+        if seq_len == q_len:
+            return
     qd = tl.load(qdepth_ptr + row)
     ctx_start = seq_len - q_len
 
