@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from rlt.attention.backends.triton_kernels.paged_prefill import _softmax_pv
-from rlt.attention.backends.triton_kernels.paging import find_row
+from rlt.attention.backends.triton_kernels.paging import query_block
 
 
 @triton.jit(do_not_specialize=["num_rows", "stride_on"])
@@ -40,10 +40,7 @@ def dense_prefill_kernel(
 ):
     head = tl.program_id(0)
     q_block = tl.num_programs(1) - 1 - tl.program_id(1)
-    row = find_row(qsl_ptr, q_block, num_rows, BLOCK_M)
-    q_start = tl.load(qsl_ptr + row)
-    q_len = tl.load(qsl_ptr + row + 1) - q_start
-    local = q_block - (q_start // BLOCK_M + row)
+    row, q_start, q_len, local = query_block(qsl_ptr, q_block, num_rows, BLOCK_M)
     if local * BLOCK_M >= q_len:
         return
     if SKIP_SINGLE:

@@ -54,7 +54,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from rlt.attention.backends.triton_kernels.paging import STEP_VARYING, find_row, key_offsets
+from rlt.attention.backends.triton_kernels.paging import STEP_VARYING, key_offsets, query_block
 
 #: LAZY_RESCALE threshold in the log2 domain: P values stay <= 2**8 between rescales.
 RESCALE_LOG2 = tl.constexpr(8.0)
@@ -210,10 +210,7 @@ def prefill_kernel(
     else:
         q_block = tl.num_programs(0) - 1 - tl.program_id(0)
         kv_head = tl.program_id(1)
-    row = find_row(qsl_ptr, q_block, num_rows, BLOCK_Q)
-    q_start = tl.load(qsl_ptr + row)
-    q_len = tl.load(qsl_ptr + row + 1) - q_start
-    local = q_block - (q_start // BLOCK_Q + row)
+    row, q_start, q_len, local = query_block(qsl_ptr, q_block, num_rows, BLOCK_Q)
     if local * BLOCK_Q >= q_len:
         return
     if SKIP_SINGLE:

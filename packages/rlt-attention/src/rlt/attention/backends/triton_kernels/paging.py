@@ -68,6 +68,17 @@ def find_row(qsl_ptr, q_block, num_rows, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def query_block(qsl_ptr, q_block, num_rows, BLOCK_Q: tl.constexpr):
+    """``(row, q_start, q_len, local)`` of packed query block ``q_block``: its row (:func:`find_row`), the
+    row's first token and query length, and the block's index within the row (the caller returns when
+    ``local * BLOCK_Q >= q_len``: a surplus block of the static grid)."""
+    row = find_row(qsl_ptr, q_block, num_rows, BLOCK_Q)
+    q_start = tl.load(qsl_ptr + row)
+    q_len = tl.load(qsl_ptr + row + 1) - q_start
+    return row, q_start, q_len, q_block - (q_start // BLOCK_Q + row)
+
+
+@triton.jit
 def key_offsets(
     bt_row_ptr, td_ptr, slots_row_ptr, offs_n, mask_n, query_depth, stride_btp, num_planes,
     stride_kb, stride_ks,
