@@ -12,8 +12,10 @@
 #   e  the Triton prefill kernel with fresh prompt rows read densely through TMA (RLT_DENSE_PREFILL): the attention
 #      micro-benchmark (8K: paged vs dense, % of the matmul rate; target 60 %), then Triton-only 8K prefill end to
 #      end, dense off / on (FA4 not installed in this call, so prompt rows stay on Triton)
-# Then: flip rlt.attention.fold.DEFAULT / the prefetch default only if they pay, and record everything in
-# $OUT/README.md (device, versions, command, median of three after one warm-up).
+# Then: flip rlt.attention.fold.DEFAULT / the prefetch / dense-prefill defaults only if they pay, and record
+# everything in $OUT/README.md (device, versions, command, median of three after one warm-up).
+# The five calls need ~2,400 s; a 1,800 s lease runs a, b, e (correctness of everything new, then the two
+# largest expected gains) and leaves c, d for the next.
 set -uo pipefail
 OUT=${OUT:?set OUT}
 CALL=${CALL:?set CALL to a, b, c, d or e}
