@@ -223,6 +223,8 @@ def test_selection_on_this_gpu_prefers_triton_for_last_exited():
     ("triton", "last_exited", dict(seed=74, gate_bias=1.5)),  # adaptive exits: mixed-depth history
     ("torch", "last_exited", dict(seed=74, gate_bias=1.5)),   # control for the rest of the GPU path
     ("triton-dense", "last_exited", dict(seed=75, num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
+    ("triton-fold", "last_exited", dict(seed=76, hidden_size=512, intermediate_size=1024, head_dim=32,
+                                        num_attention_heads=16, num_key_value_heads=8)),
 ])
 def test_engine_fp32_chunked_prefill_small_pages(tiny_checkpoint, backend, layout, kw, monkeypatch):
     """Prompts up to 40 tokens in chunks of <= 48 batched tokens over 4-token pages: rows with history,
@@ -232,6 +234,15 @@ def test_engine_fp32_chunked_prefill_small_pages(tiny_checkpoint, backend, layou
 
     if backend == "triton-dense":
         monkeypatch.setenv("RLT_DENSE_PREFILL", "1")
+        backend = "triton"
+    if backend == "triton-fold":  # every last-arriver fold engaged (K ranges short enough to split here)
+        from rlt.attention import fold
+        from rlt.platform.models import fused_linear
+
+        monkeypatch.setenv("RLT_FOLD", "1")
+        monkeypatch.setattr(fused_linear, "MIN_TILE_SPLIT_K", 256)
+        monkeypatch.setattr(fused_linear, "MIN_SPLIT_K", 128)
+        fold.refresh()
         backend = "triton"
     from rlt.platform.checkpoint import load_checkpoint
     from rlt.platform.models.ouro_reference import reference_generate
