@@ -231,6 +231,9 @@ def sweep(ceil) -> list[dict]:
         for t in (PrefillTiles(128, 64, 8, 3), PrefillTiles(128, 64, 8, 2), PrefillTiles(128, 128, 8, 3),
                   PrefillTiles(128, 128, 8, 2), PrefillTiles(128, 32, 8, 4), PrefillTiles(64, 64, 4, 3)):
             timed("sweep prefill 8192", pb, prefill_flops(8192), mm, dict(prefill_tiles=t, pre_resolve_prefill=pre))
+    for t in (PrefillTiles(128, 128, 8, 2), PrefillTiles(128, 128, 8, 3), PrefillTiles(128, 64, 8, 3),
+              PrefillTiles(128, 64, 8, 4), PrefillTiles(64, 128, 4, 2), PrefillTiles(128, 128, 8, 2, lazy_rescale=True)):
+        timed("sweep prefill 8192 dense", pb, prefill_flops(8192), mm, dict(prefill_tiles=t, dense_prefill=True))
     del pb
     # Diagnostics: how much of the prefill time is the depth indirection / paging?
     from rlt.attention import KVLayout
