@@ -11,7 +11,8 @@
 # cuBLAS instead of split-K, RLT_SPLIT_K=0; nopdl = rlt-decode with plain kernel launches instead of
 # programmatic dependent launch, RLT_PDL=0; pdl = rlt-decode with it, RLT_PDL=1; fold = rlt-decode with the
 # last-arriver folds (merge into decode attention, add_norm_norm into split-K), RLT_FOLD=1; prefetch = rlt-decode
-# with weight L2 prefetch before the PDL wait, RLT_PREFETCH=1; copy = rlt-decode with step metadata copied,
+# with weight L2 prefetch before the PDL wait, RLT_PREFETCH=1; dense = rlt-decode with fresh prompt rows read
+# densely through TMA, RLT_DENSE_PREFILL=1; all = fold + prefetch + dense; copy = rlt-decode with step metadata copied,
 # RLT_UVA=0, instead of read by the mapped-memory kernel), BENCH_ARGS (e.g. --no-sync-steps: no device
 # synchronise after each step, which a pipelined loop needs to overlap), KERNELS=1 (first the kernel
 # micro-benchmarks, benchmarks/decode_kernels.py, with KERNEL_ARGS), PROFILE="c=1,in=1024 ..." (a
@@ -44,6 +45,7 @@ for variant in ${VARIANTS:-base decode}; do
   pdl=${RLT_PDL:-}
   foldv=${RLT_FOLD:-}
   prefetch=${RLT_PREFETCH:-}
+  dense=${RLT_DENSE_PREFILL:-}
   uva=
   case $variant in  # base: the base engine; decode: rlt-decode's features; nopipe: rlt-decode without its pipeline
     decode) extra=(--feature-module rlt.decode.feature) ;;
@@ -56,8 +58,10 @@ for variant in ${VARIANTS:-base decode}; do
     fold) extra=(--feature-module rlt.decode.feature); foldv=1 ;;
     prefetch) extra=(--feature-module rlt.decode.feature); prefetch=1 ;;
     foldprefetch) extra=(--feature-module rlt.decode.feature); foldv=1; prefetch=1 ;;
+    dense) extra=(--feature-module rlt.decode.feature); dense=1 ;;
+    all) extra=(--feature-module rlt.decode.feature); foldv=1; prefetch=1; dense=1 ;;
   esac
-  RLT_FOLD=$foldv RLT_PREFETCH=$prefetch RLT_PDL=$pdl RLT_SPLIT_K=$split RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
+  RLT_DENSE_PREFILL=$dense RLT_FOLD=$foldv RLT_PREFETCH=$prefetch RLT_PDL=$pdl RLT_SPLIT_K=$split RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
     --work-dir /tmp/rlt-bench --out-dir "$OUT/$variant" --reps 3 --warmup-output-len 4 "${extra[@]}" ${BENCH_ARGS:-} "${WORKLOADS[@]}" \
     > "$OUT/$variant.log" 2>&1
   echo "== $variant"; grep -E "^\| (c1-1k|c64-1k|c128-1k|c64-1k-adaptive) \| triton" "$OUT/$variant/results.md" || tail -20 "$OUT/$variant.log"
