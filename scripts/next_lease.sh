@@ -7,7 +7,7 @@
 #      test_fused_ops_gpu.py::test_split_k_folds_add_norm_norm, test_decode_gpu.py::test_device_side_switches_change_nothing)
 #   b  decode kernels: split-K + norm unfolded vs folded at 1/4/64 rows, decode attention merge vs folded merge;
 #      then rlt-decode end to end, default vs RLT_FOLD=1 (C=1, C=64; same build back to back)
-#   c  rlt-decode end to end, RLT_PREFETCH=1, fold + prefetch, and all three switches (+ RLT_DENSE_PREFILL: the
+#   c  rlt-decode end to end, default vs RLT_PREFETCH=1 vs all three switches (+ RLT_DENSE_PREFILL: the
 #      prompts' attention), plus the C=128 1K/128 end-to-end workload for each
 #   d  self-speculation re-measured on this build (scripts/spec_h200.sh: d=1/2, K=2..8, measured acceptance)
 #   e  the Triton prefill kernel with fresh prompt rows read densely through TMA (RLT_DENSE_PREFILL): the attention
@@ -40,7 +40,7 @@ case $CALL in
     grep -E "^(qkv|o_proj|gate_up|down_proj|attention)" "$R/kernels.log" | tail -24
     SKIP_TESTS=1 VARIANTS="decode fold" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 OUT=$R bash scripts/decode_h200.sh ;;
   c)
-    SKIP_TESTS=1 VARIANTS="decode prefetch foldprefetch all" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=170 \
+    SKIP_TESTS=1 VARIANTS="decode prefetch all" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=170 \
       EXTRA_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=35,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
   d)
     OUT=$R bash scripts/spec_h200.sh ;;
