@@ -142,3 +142,15 @@ def test_roofline_nanbeige_and_huginn_shapes():
     # one token: 32 loops of the core + the boundary blocks once; r=4 is much cheaper
     c32, c4 = (decode_step_cost(m, 1, 1024, m.num_loops).floor_s(h200) for m in (hg, hg4))
     assert 5 < c32 / c4 < 8
+
+
+def test_prefill_profile_kinds_kernels_by_name():
+    """FlashAttention-4's kernel counts as attention although its name also says cutlass (lease 7's
+    profiles had counted its 48 ms as GEMM time)."""
+    from benchmarks.prefill_bench import kernel_kind
+
+    assert kernel_kind("kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object") == "attention"
+    assert kernel_kind("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT") == "gemm"
+    assert kernel_kind("dense_prefill_kernel") == "attention"
+    assert kernel_kind("_silu_mul_kernel") == "swiglu"
+    assert kernel_kind("Memset (Device)") == "other"
