@@ -23,6 +23,8 @@ silently reading the wrong plane.
 
 from __future__ import annotations
 
+import os
+
 import attrs
 import torch
 
@@ -76,7 +78,12 @@ def _why_unusable(
     if entry.vendor == "nvidia" and platform.name != "cuda":
         return f"{name} is NVIDIA-only (platform is {platform.name})"
     if name == "triton" and not platform.has(Capability.TRITON):
-        return f"platform {platform.name} does not declare Triton"
+        if platform.name == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+            pass  # Triton's interpreter runs the kernels on CPU tensors (tests; never chosen by auto)
+        else:
+            return (f"platform {platform.name} does not declare Triton"
+                    + (" (TRITON_INTERPRET=1 runs its kernels in Triton's interpreter, for tests)"
+                       if platform.name == "cpu" else ""))
     if name == "ascend_eager" and platform.name not in ("npu", "cpu"):
         return "ascend_eager is the NPU backend"
     missing = entry.missing_modules()
