@@ -26,31 +26,41 @@ SCRIPT = textwrap.dedent("""
     from rlt.platform import EngineConfig, LLMEngine, SamplingParams
     from rlt.platform.checkpoint import load_checkpoint
     from rlt.platform.models.ouro_reference import reference_generate
-    path = sys.argv[1]
+    path, tau = sys.argv[1], float(sys.argv[3])
     engine = LLMEngine(EngineConfig(model=path, dtype="float32", block_size=4, attention_backend="triton",
                                     max_num_batched_tokens=160, max_num_seqs=3))
     assert engine.selection.name == "triton"
     backend = engine.ctx.attention
     prompts = [[(7 * i + 3 * j) % 300 + 3 for j in range(n)] for i, n in enumerate((100, 9, 35, 2))]
     for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+        engine.add_request(str(i), p, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, exit_threshold=tau))
     done = {}
     while engine.has_unfinished_requests():
         done.update({o.request_id: o for o in engine.step() if o.finished})
     ck = load_checkpoint(path, dtype=torch.float32)
     ref = ck.family.build_reference(ck.config, ck.weights)
+    depths = set()
     for i, p in enumerate(prompts):
         out = done[str(i)]
         assert out.error is None, out.error
-        assert list(out.token_ids) == reference_generate(ref, p, max_tokens=5)[0], i
+        want, want_depths = reference_generate(ref, p, max_tokens=5, exit_threshold=tau)
+        assert list(out.token_ids) == want and list(out.exit_depths) == want_depths, i
+        depths.update(want_depths)
+    assert tau == 1.0 or len(depths) > 1, depths  # adaptive: decode rows read keys that exited shallower
     print("ok", backend.takes_new_kv, fold_enabled(torch.empty(1)), len(backend._scratch))
 """)
 
 
-@pytest.mark.parametrize("env", [{}, {"RLT_DENSE_PREFILL": "1"}, {"RLT_FOLD": "1"}], ids=["paged", "dense", "fold"])
-def test_engine_with_triton_attention_matches_oracle_under_interpreter(tiny_checkpoint, env):
+BOTH = {"RLT_DENSE_PREFILL": "1", "RLT_FOLD": "1"}
+
+
+@pytest.mark.parametrize("env,tau", [({}, 1.0), ({"RLT_DENSE_PREFILL": "1"}, 1.0), ({"RLT_FOLD": "1"}, 1.0), (BOTH, 0.5)],
+                         ids=["paged", "dense", "fold", "both-adaptive"])
+def test_engine_with_triton_attention_matches_oracle_under_interpreter(tiny_checkpoint, env, tau):
+    """``both-adaptive``: adaptive exit (LAST_EXITED history at mixed depths) with both options on."""
     full = {**os.environ, "TRITON_INTERPRET": "1", **env}
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_checkpoint(seed=21)), str(Path(__file__).parents[1])],
+    path = tiny_checkpoint(seed=21, gate_bias=1.5) if tau < 1 else tiny_checkpoint(seed=21)
+    r = subprocess.run([sys.executable, "-c", SCRIPT, str(path), str(Path(__file__).parents[1]), str(tau)],
                        capture_output=True, text=True, env=full, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     _, dense, fold, split_shapes = r.stdout.split()
