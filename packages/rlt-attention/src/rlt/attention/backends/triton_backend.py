@@ -88,6 +88,16 @@ def _fit_shared(block_m: int, block_n: int, num_stages: int, block_d: int, elem:
 
 
 @functools.cache
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (the split policies of the Triton kernels, here and in
+    ``rlt.platform.models.fused_linear``); under the interpreter a small pretend device of 16, so the
+    split paths are exercised on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 16
+
+
+@functools.cache
 def _tensor_descriptor():
     """Triton's host-side TMA descriptor class (Triton >= 3.3), imported on first use like the kernels;
     None without it (the dense prefill path then stays off)."""
@@ -195,7 +205,6 @@ class TritonBackend(AttentionBackend):
         self.poison_output = poison_output
         self._kernels = None
         self._scratch: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self._sm_count: dict[torch.device, int] = {}
 
     def describe(self) -> str:
         return f"triton (fp32 dots: {'ieee' if self.exact_fp32 else self.dot_precision})"
@@ -217,12 +226,7 @@ class TritonBackend(AttentionBackend):
             )
 
     def _num_sms(self, device: torch.device) -> int:
-        if device not in self._sm_count:
-            if device.type == "cuda":
-                self._sm_count[device] = torch.cuda.get_device_properties(device).multi_processor_count
-            else:  # the interpreter: a small pretend device, so the split path is exercised
-                self._sm_count[device] = 16
-        return self._sm_count[device]
+        return num_sms(device)
 
     def splits_for(self, rows: int, head_programs: int, max_seq_len: int, device: torch.device) -> int:
         """KV splits per row: enough programs for ~4 per SM, each split >= ``min_keys_per_split`` keys.

@@ -55,6 +55,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from rlt.attention.backends.triton_backend import num_sms as _sm_count
 from rlt.attention.fold import fold_enabled
 from rlt.attention.pdl import kernel_options, weight_prefetch
 from rlt.platform.models.fused_ops import (PendingProjection, SplitSum, _interpreting, rope_qk_, silu_mul,
@@ -363,13 +364,6 @@ def _fold_counters(device: torch.device, count: int = 1) -> torch.Tensor:
 
 #: Shortest K range a split of the fused q/k/v or gate/up projection streams (``_tile_splits``).
 MIN_TILE_SPLIT_K = 512
-
-
-@functools.lru_cache(maxsize=64)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 16  # the interpreter: a small pretend device, so small test shapes split
 
 
 def _wave_excess(programs: int, sms: int) -> float:
