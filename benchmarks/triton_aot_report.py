@@ -33,20 +33,25 @@ DIV16 = set(POINTERS) - {"sm_scale_log2"} | {"stride_qn", "stride_qh", "stride_k
 OPS = ("HGMMA", "HMMA", "LDGSTS", "LDG.E.128", "LDL", "STL")
 
 
-def compile_one(fn, consts: dict, arch: int, **opts) -> dict:
+def compile_sass(fn, consts: dict, arch: int = 90, types: dict | None = None, aligned: set | None = None,
+                 **opts) -> tuple[list[str], dict, object]:
+    """``fn`` compiled for ``arch`` without a GPU: (SASS instructions in order, resource usage — regs, stack,
+    shared, local —, the compiled kernel). Arguments typed by ``types`` (default: the attention kernels'
+    pointers), integers otherwise; those in ``aligned`` (and every pointer) get the JIT's divisibility-by-16
+    hint, as run-time multiples of 16 would; constexprs left out take their defaults, as at a launch."""
     import triton
-
-    consts = dict(consts)
-    dtype = consts.pop("_dtype", "bf16")
-    for p in fn.params:  # constexpr parameters left out take their defaults (as a JIT launch would)
-        if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty:
-            consts[p.name] = p.default
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    types = {**POINTERS, **{n: "*" + dtype for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}}
+    consts = dict(consts)
+    for p in fn.params:
+        if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty:
+            consts[p.name] = p.default
+    types = types if types is not None else POINTERS
+    aligned = aligned if aligned is not None else DIV16
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in DIV16 and n not in consts}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if n not in consts and (n in aligned or sig[n].startswith("*"))}
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                             target=GPUTarget("cuda", arch, 32), options=opts)
     tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
@@ -55,9 +60,19 @@ def compile_one(fn, consts: dict, arch: int, **opts) -> dict:
         f.flush()
         usage = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
         sass = subprocess.run([str(tool), "--dump-sass", f.name], capture_output=True, text=True).stdout
+    ops = [line.split(";")[0].split("*/")[-1].strip() for line in sass.splitlines()
+           if re.search(r"/\*[0-9a-f]{4}\*/", line)]
     m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", usage)
     res = dict(zip(("regs", "stack", "shared", "local"), map(int, m.groups()))) if m else {"usage": usage[-300:]}
-    res.update({op: sass.count(op) for op in OPS})
+    return [o for o in ops if o], res, kernel
+
+
+def compile_one(fn, consts: dict, arch: int, **opts) -> dict:
+    consts = dict(consts)
+    dtype = consts.pop("_dtype", "bf16")
+    types = {**POINTERS, **{n: "*" + dtype for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}}
+    ops, res, kernel = compile_sass(fn, consts, arch, types, **opts)
+    res.update({op: sum(op in o for o in ops) for op in OPS})
     res["dynamic_shared"] = kernel.metadata.shared
     res["fits_227KiB"] = kernel.metadata.shared <= 227 * 1024
     return res

@@ -2,23 +2,21 @@
 ``test_decode_kernels_sass.py``, run in a subprocess without ``TRITON_INTERPRET``: another package's
 conftest may have imported the kernels as interpreted functions in the test process).
 
-Uses Triton's compiler and the ``cuobjdump`` its wheel ships; prints ``{}`` where the wheel has none."""
+Uses ``benchmarks/triton_aot_report.py``'s compile (Triton's compiler and the ``cuobjdump`` its wheel ships);
+prints ``{}`` where the wheel has none."""
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import tempfile
+import sys
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
-from rlt.attention.backends.triton_kernels import dense_prefill, paged_decode
-from rlt.platform.models import fused_linear as fl
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks/
+from benchmarks.triton_aot_report import compile_sass  # noqa: E402
+from rlt.attention.backends.triton_kernels import dense_prefill, paged_decode  # noqa: E402
+from rlt.platform.models import fused_linear as fl  # noqa: E402
 
 POINTERS = {"X": "*bf16", "W": "*bf16", "PARTS": "*fp32", "CNT": "*i32", "H": "*bf16", "W1": "*bf16", "W2": "*bf16",
             "OUT_H": "*bf16", "OUT_N": "*bf16", "OUT": "*bf16", "COS": "*bf16", "SIN": "*bf16", "K_CACHE": "*bf16",
@@ -34,27 +32,9 @@ TOOL = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 
 def sass_of(fn, consts: dict, num_warps: int = 4, num_stages: int = 3, types: dict | None = None) -> dict:
     """``{"ops": SASS instructions in order, "local": spilled bytes}`` of ``fn`` compiled for sm_90."""
-    consts = dict(consts)
-    for p in fn.params:  # constexprs left out take their defaults, as at a launch
-        if p.is_constexpr and p.name not in consts and p.has_default:
-            consts[p.name] = p.default
-    sig = {n: ("constexpr" if n in consts else {**POINTERS, **(types or {})}.get(n, "i32")) for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if n not in consts and (n in ALIGNED or sig[n].startswith("*"))}
-    kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
-    handle, name = tempfile.mkstemp(suffix=".cubin")
-    os.close(handle)
-    Path(name).write_bytes(kernel.asm["cubin"])
-    try:
-        sass = subprocess.run([str(TOOL), "--dump-sass", name], capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([str(TOOL), "--dump-resource-usage", name], capture_output=True, text=True,
-                               check=True).stdout
-    finally:
-        os.unlink(name)
-    ops = [line.split(";")[0].split("*/")[-1].strip() for line in sass.splitlines()
-           if re.search(r"/\*[0-9a-f]{4}\*/", line)]
-    return {"ops": [o for o in ops if o], "local": int(re.search(r"LOCAL:(\d+)", usage).group(1))}
+    ops, usage, _ = compile_sass(fn, consts, 90, {**POINTERS, **(types or {})}, ALIGNED, num_warps=num_warps,
+                                 num_stages=num_stages)
+    return {"ops": ops, "local": usage["local"]}
 
 
 SPLIT_K = dict(K_SPLIT=1408, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, EVEN_K=True, PRECISION="tf32", SPLITS=4,
