@@ -146,7 +146,7 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
             dflt = graph_time_ms(lambda: [fused(w) for w in ws]) / copies
             row.update(fused_us=dflt * 1e3, fused_gbps=nbytes / dflt / 1e6, rel_err=err,
                        default_tiles=list(fl._tiles(m, "rope_kv" if kind == "rope" else "silu_mul")))
-            with _fold_on():  # rlt.attention.fold: the projection split over K, the last program finishing a tile
+            with _fold():  # rlt.attention.fold: the projection split over K, the last program finishing a tile
                 folded = graph_time_ms(lambda: [fused(w) for w in ws]) / copies
                 row.update(fold_us=folded * 1e3, fold_err=rel_err(fused(ws[0]), unfused(ws[0])))
             if m in sweep_rows:
@@ -188,10 +188,10 @@ def _split_plans(m: int) -> list[fl.SplitPlan]:
 
 
 @contextlib.contextmanager
-def _fold_on():
-    """RLT_FOLD=1 for the calls inside (rlt.attention.fold reads it on refresh)."""
+def _fold(on: bool = True):
+    """RLT_FOLD=1 (or 0) for the calls inside, the caller's setting after (rlt.attention.fold reads it on refresh)."""
     saved = os.environ.get("RLT_FOLD")
-    os.environ["RLT_FOLD"] = "1"
+    os.environ["RLT_FOLD"] = "1" if on else "0"
     fold.refresh()
     try:
         yield
@@ -288,26 +288,22 @@ def bench_attention(cases: list[tuple[int, int]], dtype=torch.bfloat16) -> list[
                              TritonBackend(min_keys_per_split=mk, split_decode_tiles=DecodeTiles(block_n=bn, num_stages=st)), True))
         variants.append(("prepare, default split policy, folded merge", TritonBackend(), True))
         for label, be, use_prepare in variants:
-            os.environ["RLT_FOLD"] = "1" if "folded merge" in label else "0"  # rlt.attention.fold, read per refresh
-            fold.refresh()
-
             def step(be=be, use_prepare=use_prepare):
                 m = be.prepare(kv, meta) if use_prepare else meta
                 return [be.forward(q, kv, layer, m, HEAD_DIM ** -0.5) for layer in range(layers)]
 
-            out = step()[0]
-            if reference is None:
-                reference = out
-            err = rel_err(out, reference)
-            ms = graph_time_ms(step, reps=10, batches=3) / layers
+            with _fold("folded merge" in label):
+                out = step()[0]
+                if reference is None:
+                    reference = out
+                err = rel_err(out, reference)
+                ms = graph_time_ms(step, reps=10, batches=3) / layers
             splits = be.splits_for(rows, KV_HEADS, ctx, dev)
             results.append({"rows": rows, "context": ctx, "variant": label, "us_per_layer": ms * 1e3,
                             "floor_us": floor_us, "splits": splits, "rel_err": err})
         best = min((r for r in results if r["rows"] == rows and r["context"] == ctx), key=lambda r: r["us_per_layer"])
         cur = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"].startswith("current"))
         dflt = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"] == "prepare, min_keys 256, split tiles 32x3")
-        os.environ.pop("RLT_FOLD", None)
-        fold.refresh()
         folded = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"].endswith("folded merge"))
         plain = next(r for r in results if r["rows"] == rows and r["context"] == ctx
                      and r["variant"] == "prepare, min_keys 32, split tiles 32x3")  # the default policy, unfolded
