@@ -12,7 +12,9 @@ and re-sent only for slots whose pages changed. Any other step is built by the i
 
 With the pipeline on, a depth-0 row whose input token is still in flight takes it from the
 executor's device token buffer (``from_device``), and a step whose exits are all known on the
-host is marked ``lagged``.
+host is marked ``lagged``; with device-planned steps on (``--pipeline-device-exit``), a step of
+plain rows where a row may exit on the gate is marked ``open``, and :meth:`StaticDecodeBuffers.advance`
+writes the next step of the same rows on the device from its exit mask.
 
 Rows of other features take this path when their type says so (``Row.static_decode``: one-token
 decode rows, e.g. rlt-spec's draft and chain rows): each row's state lives at its
@@ -113,6 +115,10 @@ class DecodeBatch:
     #: the step's exits are known on the host (no row can exit on the gate this loop) and the
     #: pipeline is on: the executor leaves its tokens on the device and reads them with a lag
     lagged: bool = False
+    #: a row may exit on the gate and device-planned steps are on (plain rows only): every row is
+    #: sampled, exits and tokens are read back with the lag, and the device may plan the next
+    #: steps of the same rows from its exit mask (:meth:`StaticDecodeBuffers.advance`)
+    open: bool = False
     prompt_logprobs: dict = attrs.field(factory=dict)  # never any: no prompt rows here
 
     @property
@@ -147,6 +153,8 @@ class StaticDecodeBuffers:
         self.tables = torch.zeros((num_slots, planes, pages), dtype=torch.int32, device=device)
         self._shadow = np.zeros((num_slots, planes, pages), dtype=np.int32)
         self.qsl = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
+        #: device row-padding indices per (bucket, rows) (:meth:`advance`)
+        self._pads: dict[tuple[int, int], torch.Tensor] = {}
 
     def fields(self, bucket: int) -> DecodeFields:
         v = {n: self._i64[i, :bucket] for i, n in enumerate(I64)}
@@ -162,6 +170,42 @@ class StaticDecodeBuffers:
             dirty = np.unique(slots[changed])
             self._shadow[dirty] = host_tables[dirty]
             self.tables.index_copy_(0, to_device(dirty, self.device), to_device(host_tables[dirty], self.device))
+
+    def advance(self, bucket: int, num_rows: int, exited: torch.Tensor, block_size: int, shared: bool) -> None:
+        """Plan the next decode step of the same rows on the device, in place, from the step that
+        just ran from these fields and its exit mask ``exited [bucket]``: a row that exited moves to
+        its next position at depth 0, embedding the token it just sampled (the token table at its
+        slot); one that did not runs its next loop at the same position. Its context length, KV
+        slot (its page table, mirrored here, at its new depth plane; plane 0 under SHARED) and
+        LAST_EXITED stamp address follow, as the host builder would write them. Padded rows copy
+        row 0 again. The rows are plain one-token decode rows (state and token entry = slot) whose
+        pages for every position they can reach are mapped (all-at-admission allocation)."""
+        f = self.fields(bucket)
+        n = num_rows
+        e = exited[:n].bool()
+        depth = torch.where(e, 0, f.depth[:n] + 1)
+        pos = f.position[:n] + e.long()
+        slot = f.slot[:n]
+        page, off = pos // block_size, pos % block_size
+        tables = self.tables.index_select(0, slot)
+        rows = torch.arange(n, device=self.device)
+        plane = torch.zeros_like(pos) if shared else depth.long()
+        new64 = {"token": torch.where(e, slot, f.token[:n]), "from_device": torch.where(e, 1, f.from_device[:n]),
+                 "position": pos, "slot_mapping": tables[rows, plane, page].long() * block_size + off,
+                 "plane0": tables[rows, 0, page].long() * block_size + off}
+        new32 = {"seq_len": pos + 1, "depth": depth, "loop": depth + 1}
+        pad = self._pad(bucket, n)
+        for name, value in (*new64.items(), *new32.items()):
+            dst = getattr(f, name)
+            dst.copy_(value.to(dst.dtype).index_select(0, pad))
+
+    def _pad(self, bucket: int, n: int) -> torch.Tensor:
+        key = (bucket, n)
+        pad = self._pads.get(key)
+        if pad is None:
+            pad = torch.cat([torch.arange(n), torch.zeros(bucket - n, dtype=torch.int64)]).to(self.device)
+            self._pads[key] = pad
+        return pad
 
     def upload(self, i64: np.ndarray, i32: np.ndarray) -> None:
         """Copy ``i64 [len(I64), B]`` and ``i32 [len(I32), B]`` into the device buffers (one copy)."""
@@ -208,10 +252,13 @@ class StaticBatchBuilder(Wrapped):
 
     def __init__(self, inner, *, kv, slots, layout: KVLayout, device: torch.device, max_rows: int,
                  max_model_len: int, row_buckets: Sequence[int] | None = None, pipelined: bool = False,
-                 mapped: bool = False) -> None:
+                 mapped: bool = False, device_exit: bool = False) -> None:
         super().__init__(inner)
         #: decode steps whose exits are host-known are lagged (the pipeline feature sets it)
         self.pipelined = pipelined
+        #: decode steps of plain rows where a row may exit on the gate are open (read back lagged;
+        #: the device may plan the next ones): the pipeline's --pipeline-device-exit
+        self.device_exit = pipelined and device_exit
         self.kv = kv
         self.slots = slots
         self.layout = layout
@@ -273,8 +320,9 @@ class StaticBatchBuilder(Wrapped):
         self.buffers.sync_tables(tables, slots)
         self.buffers.upload(i64, i32)
         context = context_bucket(int(pos.max()) + 1, self.max_model_len)
+        known = bool(exits_known(loop, min_loops, max_loops, adaptive).all())
         return DecodeBatch(rows=tuple(rows), slots=slots, bucket=bucket, context=context,
                            fixed_exit=loop >= max_loops, adaptive=adaptive, samples=np.ones(n, bool),
                            depth=depth, row_start=pos, from_device=from_device.astype(bool), feature_rows=not plain,
-                           lagged=self.pipelined and (plain or all(r.lagged_heads for r in rows))
-                           and bool(exits_known(loop, min_loops, max_loops, adaptive).all()))
+                           lagged=self.pipelined and (plain or all(r.lagged_heads for r in rows)) and known,
+                           open=self.device_exit and plain and not known)

@@ -7,7 +7,9 @@ graphs on, it is captured once per (row bucket, context bucket) and replayed: ev
 engine starts (:meth:`capture_startup`, within the count and memory limits), or, with startup
 capture off or past the limits, on the first step of the shape, which runs it eagerly (compiling
 the kernels) and then captures it, so a capture never runs a step twice. The LM head and sampling of exiting rows follow eagerly (their row count
-varies); the host reads the exit mask only when a row consults the gate.
+varies); the host reads the exit mask only when a row consults the gate — unless the step is
+*open* (device-planned steps on): then every row is sampled, exits and tokens are read back with
+the lag, and :meth:`continue_open` runs the next step as the device plans it from the exit mask.
 
 Every sampled token also lands in the resident per-slot token buffer (``tokens``); a depth-0 row
 whose token the host has not read yet embeds from it (inside the graph). A *lagged* batch
@@ -30,15 +32,29 @@ from collections import Counter
 import numpy as np
 import torch
 
+import attrs
+
 from rlt.attention import AttentionMetadata, KVLayout
-from rlt.decode.batch import DecodeBatch
-from rlt.decode.readback import LaggedStep, PipelineStats, PinnedRing
+from rlt.decode.batch import DecodeBatch, context_bucket
+from rlt.decode.readback import LaggedStep, OpenStep, PipelineStats, PinnedRing
 from rlt.platform.engine.executor import CompletedStep
 from rlt.platform.engine.exit_policy import OuroGateExit
 from rlt.platform.engine.interfaces import StepResult, Wrapped
 from rlt.platform.engine.staging import to_device
 
 log = logging.getLogger("rlt.decode")
+
+
+@attrs.define(eq=False)
+class _DeviceRun:
+    """The open step the next device-planned step follows: its batch (the host-planned first step
+    of the run), its rows' slots and generated counts on the device, the last step's exit mask."""
+
+    batch: DecodeBatch
+    slots: torch.Tensor  # [R] device
+    generated: torch.Tensor  # [R] int64 device: tokens each row's request has generated before the next step
+    exited: torch.Tensor | None = None  # [bucket] device: the last step's exit mask
+    steps: int = 0  # steps planned on the device since the host planned ``batch``
 
 
 class StaticDecodeExecutor(Wrapped):
@@ -81,6 +97,10 @@ class StaticDecodeExecutor(Wrapped):
             self.tokens = torch.zeros(ctx.max_num_seqs, dtype=torch.int64, device=self.device)
         self.ring = PinnedRing(ring_size, buffers.max_rows, self.device)
         self.pipeline = PipelineStats()
+        self.slot_table = ctx.parts.slots
+        self.max_model_len = ctx.max_model_len
+        #: the run of open steps the device may continue (None: the last step was not open)
+        self._device_run: _DeviceRun | None = None
 
     @property
     def exit_latency(self) -> int:
@@ -185,6 +205,7 @@ class StaticDecodeExecutor(Wrapped):
     # -- the executor interface -------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, batch):
+        self._device_run = None
         if not isinstance(batch, DecodeBatch):
             self.stats["eager_other_steps"] += 1
             handle = self.inner.execute(batch)
@@ -197,6 +218,11 @@ class StaticDecodeExecutor(Wrapped):
         if batch.feature_rows:
             self.stats["with_feature_rows"] += 1
         gate = bool(batch.adaptive.any())
+        if batch.open:
+            run = _DeviceRun(batch, to_device(batch.slots, self.device),
+                             to_device(self.slot_table.num_generated[batch.slots], self.device))
+            self._device_run = run
+            return self._open_tail(run, h, exited_dev)
         if batch.lagged and not batch.feature_rows:
             return self._lagged_tail(batch, h)
         if batch.lagged:  # their feature finishes the step: a lagged handle, or (it must read) at once
@@ -232,6 +258,39 @@ class StaticDecodeExecutor(Wrapped):
         out = self.sampler.sample(self.model.coda(last), slots)
         self.tokens.index_copy_(0, to_device(slots, self.device), out.token_ids)
         return LaggedStep(shape, self.ring.put(out), self.pipeline)
+
+    @torch.inference_mode()
+    def continue_open(self) -> tuple[DecodeBatch, OpenStep]:
+        """Run the next decode step of the last open step's rows as the device plans it
+        (:meth:`StaticDecodeBuffers.advance` from that step's exit mask): same rows, same bucket,
+        the context bucket of the highest position any row can have reached. Returns the step's
+        batch (the first step's, for its rows and arrays) and its open handle. The step loop calls
+        it only while the host could plan nothing else (no admission, finish, or max_tokens due)."""
+        run = self._device_run
+        if run is None:
+            raise RuntimeError("no open decode step to continue: the last step was planned by the host and not open")
+        b = run.batch
+        run.steps += 1
+        context = context_bucket(int(b.row_start.max()) + run.steps + 1, self.max_model_len)
+        self.buffers.advance(b.bucket, b.num_rows, run.exited, self.kv.block_size, self.kv.layout is KVLayout.SHARED)
+        h, exited = self._run_shape((b.bucket, context))
+        return attrs.evolve(b, context=context), self._open_tail(run, h, exited)
+
+    def _open_tail(self, run: _DeviceRun, h: torch.Tensor, exited: torch.Tensor) -> OpenStep:
+        """LM head and sampling of every row of an open step (whose exits the host does not
+        know); the token table keeps the tokens of the rows that exited; exit mask, tokens and each
+        row's depth and position go to a pinned ring entry — nothing waits."""
+        b = run.batch
+        n = b.num_rows
+        e = exited[:n]
+        out = self.sampler.sample(self.model.coda(h[:n]), b.slots, device_steps=run.generated)
+        self.tokens.index_copy_(0, run.slots, torch.where(e, out.token_ids, self.tokens.index_select(0, run.slots)))
+        f = self.buffers.fields(b.bucket)
+        entry = self.ring.put(out, rows=(e, f.depth[:n], f.position[:n]))
+        run.generated.add_(e.long())
+        run.exited = exited.clone()  # a graph's output is overwritten by its next replay
+        self.pipeline.open_step(device_planned=run.steps > 0)
+        return OpenStep(entry, self.pipeline)
 
     def describe(self) -> dict:
         return {

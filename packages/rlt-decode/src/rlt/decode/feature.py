@@ -15,6 +15,7 @@ runs (tokens are read ``depth`` steps late), which is what CI tests.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 
@@ -61,10 +62,31 @@ class PipelineOptions:
         "help": "decode steps kept in flight before the oldest one's tokens are read (default 2; 0: read "
                 "each step's tokens right after launching the next one is planned)"})
 
+    device_exit: bool = attrs.field(default=False, metadata={
+        "help": "device-planned steps under adaptive exit: a decode step where a row may exit on the gate is "
+                "launched without reading its exits, and while the host could plan nothing else (no admission, "
+                "finish or max_tokens due) the next steps of the same rows are planned on the device from its exit "
+                "mask; exits and tokens are read back with the lag (default off: not measured on a GPU yet)"})
+
     @depth.validator
     def _check(self, attribute, value) -> None:
         if not isinstance(value, int) or value < 0 or value > 8:
             raise ValueError(f"--pipeline-depth: expected an integer in 0..8, got {value!r}")
+
+
+def device_exit_off_reason(ctx) -> str:
+    """Why decode steps with gate rows are not open (device-planned steps off), or ""."""
+    pipeline = ctx.feature_options.get("pipeline")
+    if pipeline is None:
+        return "pipeline feature off"
+    if not pipeline.device_exit:
+        return "--pipeline-device-exit off"
+    if "preemption" in ctx.feature_options:
+        return "preemption is on (incremental KV allocation; the step loop drains before every plan)"
+    sample = ctx.parts.sampler.sample
+    if "device_steps" not in inspect.signature(sample).parameters:
+        return f"the sampler ({type(ctx.parts.sampler).__name__}) takes no device step counters"
+    return ""
 
 
 def _install_static(builder, options: StaticBufferOptions) -> None:
@@ -74,11 +96,13 @@ def _install_static(builder, options: StaticBufferOptions) -> None:
     state = {}
 
     def batch_builder(ctx, inner):
+        state["device_exit_off"] = device_exit_off_reason(ctx)
         state["builder"] = StaticBatchBuilder(
             inner, kv=ctx.parts.kv_manager, slots=ctx.parts.slots, layout=ctx.kv.layout, device=ctx.device,
             max_rows=getattr(ctx.parts.scheduler, "max_decode_rows", ctx.max_num_seqs),
             max_model_len=ctx.max_model_len, row_buckets=options.row_buckets,
-            pipelined="pipeline" in ctx.feature_options, mapped=ctx.uva.enabled and _kernels_run_on(ctx.device))
+            pipelined="pipeline" in ctx.feature_options, mapped=ctx.uva.enabled and _kernels_run_on(ctx.device),
+            device_exit=not state["device_exit_off"])
         return state["builder"]
 
     def executor(ctx, inner):
@@ -95,6 +119,7 @@ def _install_static(builder, options: StaticBufferOptions) -> None:
             inner, ctx=ctx, buffers=b.buffers, row_buckets=b.row_buckets, use_graphs=not reason,
             max_graphs=graphs.max_graphs if graphs else 0, graph_memory_mib=graphs.memory_mib if graphs else None,
             graphs_off_reason=reason, ring_size=_ring_size(ctx))
+        ex.pipeline.device_exit_off_reason = state["device_exit_off"]
         if graphs is not None and graphs.capture_at_startup:
             ex.capture_startup(context_buckets(ctx.max_model_len))
         return ex

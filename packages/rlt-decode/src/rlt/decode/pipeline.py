@@ -22,16 +22,57 @@ request's own pages, freed after they were launched (stream order keeps a new ow
 after them). With preemption on, the loop drains before every plan (a preempted request is
 rebuilt from recorded tokens) and runs synchronously.
 
-Owns: the in-flight queue. Must not: free anything itself (the core does) or wait on the device
-outside completing a step.
+**Device-planned steps** (``--pipeline-device-exit``): a decode step of plain rows where a row may
+exit on the gate is *open* — launched without reading its exits, every row sampled, exits and
+tokens read back with the lag (:class:`rlt.decode.readback.OpenStep`). While the host could plan
+nothing but the same rows moved on — no request of the run finished or was aborted, none can be
+admitted (no request waiting, or no free slot), none can reach ``max_tokens`` within the steps in
+flight — the next step is planned on the device from the exit mask
+(``executor.continue_open``: a row that exited moves to its next position at depth 0, the others
+one loop deeper), so adaptive exit no longer makes steps synchronous. The host's own bookkeeping
+follows when each step is completed, in order: the rows of a device-planned step are the
+scheduler's rows after the previous step was applied (``rows_of``), and the device's depth and
+position of every row must equal them (else the step is an engine fault). Seeds and min_tokens use
+device-side generated counts. When the run must end, everything in flight is completed and the
+host plans again (counted by reason in ``device_exit.ends``).
+
+Owns: the in-flight queue, the current run of open steps. Must not: free anything itself (the
+core does) or wait on the device outside completing a step.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+import attrs
+import numpy as np
+
 from rlt.decode.batch import decode_only
-from rlt.platform.engine.interfaces import StepPlan
+from rlt.platform.engine.core import Launched
+from rlt.platform.engine.interfaces import Row, StepPlan
+
+
+@attrs.define(eq=False)
+class _Run:
+    """A run of open steps: the host-planned first one and those the device planned after it.
+    Row i of every step of the run is request i's."""
+
+    requests: tuple
+    open: int = 0  # steps of the run launched and not completed
+    steps: int = 0  # steps launched
+
+
+class _Resolved:
+    """A handle whose result is computed when read (an open step's rows, named by the host)."""
+
+    def __init__(self, read) -> None:
+        self._read = read
+
+    def done(self) -> bool:
+        return True
+
+    def result(self):
+        return self._read()
 
 
 class PipelinedStepLoop:
@@ -43,13 +84,22 @@ class PipelinedStepLoop:
         self.max_rows = max_rows
         #: why every step runs synchronously (drained before planning), or ""
         self.drain_every_step = drain_every_step
+        #: launched steps not completed yet: (launched, None) for a lagged one, (launched, (run, k))
+        #: for the k-th step of a run of open steps
         self._in_flight: deque = deque()
+        self._run: _Run | None = None
         stats.depth = 0 if drain_every_step else depth
         stats.off_reason = drain_every_step
 
     # -- the step loop ------------------------------------------------------------------------
     def step(self, core) -> list:
         outputs = []
+        if self._run is not None:
+            why = self._run_ends(core)
+            if not why:
+                return self._continue(core)
+            self.stats.device_planning_ends[why] += 1
+            outputs += self._drain(core, "")
         if self.drain_every_step and self._in_flight:
             outputs += self._drain(core, "preemption")
         plan = core.plan()
@@ -60,11 +110,15 @@ class PipelinedStepLoop:
             rows = self._live(rows)
         if not rows:  # nothing to launch: let the oldest step in flight finish
             if self._in_flight:
-                outputs += core.complete(self._in_flight.popleft(), advanced=True)
+                outputs += self._complete(core, self._in_flight.popleft())
             self.stats.launched(len(self._in_flight))
             return outputs + core.take_outputs()
         launched = core.launch(StepPlan(rows))
-        shape = getattr(launched.handle, "shape", None) if launched.error is None else None
+        handle = launched.handle if launched.error is None else None
+        if getattr(handle, "opens_chain", False):  # exits read later; the device may plan what follows
+            self._run = _Run(tuple(r.request for r in launched.batch.rows))
+            return outputs + self._push(core, launched, self._run)
+        shape = getattr(handle, "shape", None)
         if shape is None:  # synchronous (or failed): everything launched before it completes first
             self.stats.sync_reasons[self._why_sync(launched)] += 1
             outputs += self._drain(core, "before a synchronous step")
@@ -72,15 +126,74 @@ class PipelinedStepLoop:
             self.stats.launched(0)
             return outputs
         core.advance_launched(launched, shape)
-        self._in_flight.append(launched)
-        limit = 0 if self.drain_every_step else self.depth
-        while len(self._in_flight) > limit:
-            outputs += core.complete(self._in_flight.popleft(), advanced=True)
-        self.stats.launched(len(self._in_flight))
-        return outputs + core.take_outputs()
+        return outputs + self._push(core, launched, None)
 
     def drain(self, core) -> list:
         return self._drain(core, "drain") + core.take_outputs()
+
+    # -- runs of open steps -------------------------------------------------------------------------
+    def _run_ends(self, core) -> str:
+        """Why the current run of open steps cannot go on with a device-planned step ("" if it can)."""
+        run = self._run
+        if any(r.finished for r in run.requests):
+            return "a request finished"
+        s = core.scheduler
+        if s.num_waiting and s.num_running < s.max_num_seqs:
+            return "a request can be admitted"
+        if any(r.num_produced + run.open >= r.max_tokens for r in run.requests):
+            return "a request may reach max_tokens in flight"
+        return ""
+
+    def _continue(self, core) -> list:
+        run = self._run
+        rows = [Row(r, r.slot, 0, 1, 0, samples=True, in_prompt=False) for r in run.requests]  # whom a fault aborts
+        launched = core.launch_planned(rows, core.executor.continue_open)
+        return self._push(core, launched, run) + core.take_outputs()
+
+    def _push(self, core, launched, run: _Run | None) -> list:
+        """Queue a launched step; complete the oldest ones beyond the depth."""
+        if run is not None:
+            self._in_flight.append((launched, (run, run.steps)))
+            run.open += 1
+            run.steps += 1
+        else:
+            self._in_flight.append((launched, None))
+        outputs = []
+        limit = 0 if self.drain_every_step else self.depth
+        while len(self._in_flight) > limit:
+            outputs += self._complete(core, self._in_flight.popleft())
+        self.stats.launched(len(self._in_flight))
+        return outputs
+
+    def _complete(self, core, entry) -> list:
+        launched, place = entry
+        if place is None:
+            return core.complete(launched, advanced=True)
+        run, k = place
+        run.open -= 1
+        live = [i for i, r in enumerate(run.requests) if not r.finished]
+        if launched.error is not None:
+            return core.complete(attrs.evolve(launched, rows=tuple(launched.rows[i] for i in live)))
+        if k == 0:  # the host planned it
+            rows = [launched.rows[i] for i in live]
+        else:  # the scheduler's rows now, after the steps before it were applied: what the device ran
+            try:
+                rows = [self._decode_row(core, run.requests[i]) for i in live]
+            except Exception as exc:  # noqa: BLE001 - an engine fault for this step's requests
+                launched.handle.release()
+                return core.complete(Launched(tuple(launched.rows[i] for i in live), None, None, exc))
+        index = np.asarray(live, np.int64)
+        depth = np.fromiter((r.depth for r in rows), np.int32, len(rows))
+        position = np.fromiter((r.start for r in rows), np.int64, len(rows))
+        if not rows:  # every request of the step finished before it was read: only free its ring entry
+            launched.handle.release()
+            return []
+        read = (lambda: launched.handle.result_rows(index, depth, position))
+        b = launched.batch
+        batch = attrs.evolve(b, rows=tuple(rows), slots=b.slots[index], depth=depth.astype(np.int64),
+                             row_start=position, fixed_exit=b.fixed_exit[index], adaptive=b.adaptive[index],
+                             samples=b.samples[index], from_device=b.from_device[index])
+        return core.complete(Launched(tuple(rows), batch, _Resolved(read)))
 
     # -- helpers ----------------------------------------------------------------------------------
     @staticmethod
@@ -89,12 +202,21 @@ class PipelinedStepLoop:
         (``max_tokens``) is already in flight."""
         return tuple(r for r in rows if not r.request.finished and r.request.num_produced < r.request.max_tokens)
 
+    @staticmethod
+    def _decode_row(core, request) -> Row:
+        mine = core.scheduler.rows_of(request)
+        if len(mine) != 1 or type(mine[0]) is not Row or mine[0].in_prompt or mine[0].length != 1:
+            raise RuntimeError(f"a device-planned step's request {request.request_id} has rows {mine!r}; "
+                               "expected one decode row")
+        return mine[0]
+
     def _drain(self, core, reason: str) -> list:
         outputs = []
         if self._in_flight and reason:
             self.stats.drains[reason] += 1
         while self._in_flight:
-            outputs += core.complete(self._in_flight.popleft(), advanced=True)
+            outputs += self._complete(core, self._in_flight.popleft())
+        self._run = None
         return outputs
 
     @staticmethod

@@ -7,14 +7,20 @@ step's :class:`LaggedStep` handle knows its *shape* (which rows exited, how many
 produced) on the host at launch, and its token values once the event has completed. An entry is
 reused only after the step that filled it was consumed (its values copied out).
 
+An *open* step (a row may exit on the gate: its shape is not host-known) copies its exit mask and
+each row's depth and position as well; its :class:`OpenStep` handle gives the result of the rows
+the host names when it has planned them (rlt-decode's device-planned steps, :mod:`rlt.decode.pipeline`).
+
 Owns: the ring's pinned buffers and events, :class:`PipelineStats`. Must not: wait on the device
-anywhere but :meth:`LaggedStep.result` (which counts the wait when it really blocks).
+anywhere but :meth:`LaggedStep.result` / :meth:`OpenStep.result_rows` (which count the wait when it
+really blocks).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import torch
 
 from rlt.platform.engine.interfaces import StepResult
@@ -38,6 +44,13 @@ class PipelineStats:
         self.drains: Counter = Counter()
         self.sync_reasons: Counter = Counter()
         self.off_reason = "pipeline feature off"
+        #: open steps (exits read back later) and, of them, those the device planned from the one before
+        self.open_steps = 0
+        self.device_planned_steps = 0
+        #: why runs of device-planned steps ended (the host planned the next step again)
+        self.device_planning_ends: Counter = Counter()
+        #: why decode steps with gate rows are not open ("" when they are)
+        self.device_exit_off_reason = "--pipeline-device-exit off"
 
     def sync_step(self, syncs: int) -> None:
         self.steps += 1
@@ -46,6 +59,11 @@ class PipelineStats:
     def lagged_step(self) -> None:
         self.steps += 1
         self.lagged_steps += 1
+
+    def open_step(self, device_planned: bool) -> None:
+        self.steps += 1
+        self.open_steps += 1
+        self.device_planned_steps += int(device_planned)
 
     def launched(self, in_flight: int) -> None:
         self.in_flight = in_flight
@@ -58,6 +76,9 @@ class PipelineStats:
             "host_syncs_per_step": round(self.host_syncs / self.steps, 3) if self.steps else 0.0,
             "in_flight": self.in_flight, "in_flight_max": self.in_flight_max,
             "synchronous_steps": dict(self.sync_reasons), "drains": dict(self.drains),
+            "device_exit": {"enabled": not self.device_exit_off_reason, "off_reason": self.device_exit_off_reason,
+                            "open_steps": self.open_steps, "device_planned_steps": self.device_planned_steps,
+                            "ends": dict(self.device_planning_ends)},
         }
 
 
@@ -65,6 +86,10 @@ class _Entry:
     def __init__(self, rows: int, pin: bool) -> None:
         self.tokens = torch.empty(rows, dtype=torch.int64, pin_memory=pin)
         self.logprobs = torch.empty(rows, dtype=torch.float32, pin_memory=pin)
+        #: an open step's exit mask and the depth / position each row ran at (the device planned them)
+        self.exited = torch.empty(rows, dtype=torch.bool, pin_memory=pin)
+        self.depth = torch.empty(rows, dtype=torch.int32, pin_memory=pin)
+        self.position = torch.empty(rows, dtype=torch.int64, pin_memory=pin)
         self.top_ids: torch.Tensor | None = None
         self.top_logprobs: torch.Tensor | None = None
         self.count = 0
@@ -88,8 +113,9 @@ class PinnedRing:
         while len(self._entries) < size:
             self._entries.append(_Entry(rows, self._cuda))
 
-    def put(self, out) -> _Entry:
-        """Queue non-blocking copies of a :class:`SampleResult` into the next entry."""
+    def put(self, out, rows=None) -> _Entry:
+        """Queue non-blocking copies of a :class:`SampleResult` into the next entry; ``rows``: an
+        open step's ``(exited, depth, position)`` device tensors, copied too."""
         e = self._entries[self._next]
         if e.busy:
             raise RuntimeError(f"pinned readback ring overrun: all {len(self._entries)} entries hold unread steps")
@@ -97,6 +123,9 @@ class PinnedRing:
         m = out.token_ids.shape[0]
         e.busy, e.count = True, m
         e.tokens[:m].copy_(out.token_ids, non_blocking=True)
+        if rows is not None:
+            for dst, src in zip((e.exited, e.depth, e.position), rows):
+                dst[:m].copy_(src, non_blocking=True)
         e.has_logprobs = out.logprobs is not None
         if e.has_logprobs:
             e.logprobs[:m].copy_(out.logprobs.float(), non_blocking=True)
@@ -107,6 +136,12 @@ class PinnedRing:
             e.event = torch.cuda.Event()
             e.event.record()
         return e
+
+
+def _wait(entry: _Entry, stats: PipelineStats) -> None:
+    if entry.event is not None and not entry.event.query():
+        stats.host_syncs += 1
+        entry.event.synchronize()
 
 
 class LaggedStep:
@@ -126,9 +161,7 @@ class LaggedStep:
     def result(self) -> StepResult:
         if self._result is None:
             e = self._entry
-            if e.event is not None and not e.event.query():
-                self._stats.host_syncs += 1
-                e.event.synchronize()
+            _wait(e, self._stats)
             try:
                 m = e.count
                 self._result = StepResult(
@@ -140,3 +173,55 @@ class LaggedStep:
                 e.busy = False
                 self._entry = None
         return self._result
+
+
+class OpenStep:
+    """Handle of an *open* decode step: one whose exits the host does not know at launch (a row
+    may exit on the gate) and that the device may have planned (rlt-decode's device-planned
+    steps). Every row was sampled; the exit mask says whose token counts. :meth:`result_rows`
+    gives the :class:`StepResult` of the rows ``index`` (batch order), which the host has
+    planned by then as ``depth`` / ``position`` per row: the device's values must agree (a
+    disagreement is an engine fault for the step, never a silent wrong token)."""
+
+    opens_chain = True
+
+    def __init__(self, entry: _Entry, stats: PipelineStats) -> None:
+        self._entry = entry
+        self._stats = stats
+        self._values: tuple | None = None
+
+    def done(self) -> bool:
+        e = self._entry
+        return self._values is not None or e.event is None or e.event.query()
+
+    def _read(self) -> tuple:
+        if self._values is None:
+            e = self._entry
+            _wait(e, self._stats)
+            try:
+                m = e.count
+                self._values = (e.exited[:m].numpy().copy(), e.depth[:m].numpy().copy(),
+                                e.position[:m].numpy().copy(), e.tokens[:m].numpy().copy(),
+                                e.logprobs[:m].numpy().copy() if e.has_logprobs else None,
+                                None if e.top_ids is None else e.top_ids.numpy(),
+                                None if e.top_logprobs is None else e.top_logprobs.numpy())
+            finally:
+                e.busy = False
+                self._entry = None
+        return self._values
+
+    def release(self) -> None:
+        """Free the ring entry without using the values (the step's requests are gone, or it failed)."""
+        self._read()
+
+    def result_rows(self, index: np.ndarray, depth: np.ndarray, position: np.ndarray) -> StepResult:
+        exited, dev_depth, dev_pos, tokens, lp, top_ids, top_lp = self._read()
+        if not (np.array_equal(dev_depth[index], depth) and np.array_equal(dev_pos[index], position)):
+            raise RuntimeError(
+                f"a device-planned decode step disagrees with the host's rows: device (depth, position) "
+                f"{list(zip(dev_depth[index].tolist(), dev_pos[index].tolist()))}, host "
+                f"{list(zip(depth.tolist(), position.tolist()))}")
+        ex = exited[index]
+        take = index[ex]
+        pick = (lambda a: None if a is None else a[take])
+        return StepResult(ex, ex.astype(np.int64), tokens[take], pick(lp), pick(top_ids), pick(top_lp))

@@ -12,7 +12,9 @@ the rows move on and the produced tokens are counted as pending (``Request.num_p
 later ``complete(launched, advanced=True)`` when the token values arrive: the shape's counts
 leave ``num_pending``, the values are recorded, and the policy's optional ``on_result`` sees them.
 A row may report tokens the shape did not count (a lagged speculative check: its token is known
-to exist only once read) or fewer than it counted (tokens discarded on the device).
+to exist only once read) or fewer than it counted (tokens discarded on the device). A step the
+device planned from the one before (``launch_planned``) is completed like a synchronous one, with
+the rows the host has planned by then.
 
 Faults: an exception while building, executing or completing a step aborts the requests of that
 step with the error in their outputs, frees their resources, is counted, and the engine stays up.
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import attrs
 
@@ -127,6 +129,18 @@ class EngineCore:
             return Launched(plan.rows, batch, self.executor.execute(batch))
         except Exception as exc:  # noqa: BLE001 - an engine fault: complete() aborts the step's requests
             return Launched(plan.rows, None, None, exc)
+
+    def launch_planned(self, rows: Sequence[Row], run) -> Launched:
+        """Launch a step whose batch the device planned: ``run()`` builds and executes it and returns
+        ``(batch, handle)`` (rlt-decode's device-planned decode steps, which follow an open step
+        without a host plan). ``rows`` name the requests a fault aborts. Counted and
+        fault-captured like :meth:`launch`."""
+        self.num_steps += 1
+        try:
+            batch, handle = run()
+            return Launched(tuple(rows), batch, handle)
+        except Exception as exc:  # noqa: BLE001 - an engine fault: complete() aborts the step's requests
+            return Launched(tuple(rows), None, None, exc)
 
     def advance_launched(self, launched: Launched, shape: StepResult) -> None:
         """Move the rows of a launched step on before its tokens are read (a pipelined loop).

@@ -329,6 +329,9 @@ class Sampler(Protocol):
 
     ``sample(logits [M, vocab] fp32, slots [M])`` reads the sampling parameters of the slots
     from the slot table. A verifier (speculation) is a sampler that also accepts draft tokens.
+    Optional keyword ``device_steps`` (int64 ``[M]`` on the device): the rows' generated counts
+    where only the device knows them (seeds and min_tokens use them instead of the slot table's);
+    a sampler without it cannot serve rlt-decode's device-planned steps (they stay off).
     """
 
     def sample(self, logits: torch.Tensor, slots: np.ndarray) -> Any: ...

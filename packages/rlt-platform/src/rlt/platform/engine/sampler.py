@@ -130,11 +130,16 @@ def split_seed(seed: int) -> tuple[int, int]:
     return s & _M32, s >> 32
 
 
-def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.ndarray | None = None) -> SamplingBatch:
+def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.ndarray | None = None,
+                         device_steps: torch.Tensor | None = None) -> SamplingBatch:
     """Gather the sampling parameters of ``slots`` from the host slot table (no per-row Python).
 
     ``step_offsets``: per row, how many tokens past the slot's generated count the row samples
-    (speculation samples several future positions of one request in one call); default 0."""
+    (speculation samples several future positions of one request in one call); default 0.
+    ``device_steps``: per row, the generated count as a device tensor (int64), where only the
+    device knows it (rows whose earlier exits the host has not read: rlt-decode's device-planned
+    steps); the slot table's count is then a lower bound, used only to skip the min_tokens
+    suppression when every row is past it."""
     temp = table.temperature[slots]
     top_p = table.top_p[slots]
     top_k = table.top_k[slots]
@@ -143,19 +148,29 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
         generated = generated + step_offsets
     all_greedy = bool((temp == 0).all())
     arrays = {} if all_greedy else {"temperature": temp, "top_p": top_p, "top_k": top_k,
-                                    "seed_lo": table.seed_lo[slots], "seed_hi": table.seed_hi[slots],
-                                    "step": generated}
+                                    "seed_lo": table.seed_lo[slots], "seed_hi": table.seed_hi[slots]}
+    if not all_greedy and device_steps is None:
+        arrays["step"] = generated
     if table.stop_ids.shape[1]:
-        needs = generated < table.min_tokens[slots]
+        min_tokens = table.min_tokens[slots]
+        needs = generated < min_tokens
         if needs.any():
             ids = table.stop_ids[slots].copy()
-            ids[~needs] = -1
+            if device_steps is None:
+                ids[~needs] = -1
+            else:
+                arrays["min_tokens"] = min_tokens
             arrays["suppress"] = ids
     dev = uploader.upload(arrays) if arrays else {}  # greedy decoding: usually nothing to upload
+    step, suppress = dev.get("step"), dev.get("suppress")
+    if device_steps is not None:
+        step = None if all_greedy else device_steps
+        if suppress is not None:  # stop ids banned on the rows still below min_tokens (decided on the device)
+            suppress = torch.where((device_steps < dev["min_tokens"])[:, None], suppress, -1)
     lp = table.logprobs[slots]
     return SamplingBatch(
         temperature=dev.get("temperature"), top_p=dev.get("top_p"), top_k=dev.get("top_k"),
-        seed_lo=dev.get("seed_lo"), seed_hi=dev.get("seed_hi"), step=dev.get("step"), suppress=dev.get("suppress"),
+        seed_lo=dev.get("seed_lo"), seed_hi=dev.get("seed_hi"), step=step, suppress=suppress,
         all_greedy=all_greedy, any_top=bool(((top_k > 0) | (top_p < 1.0)).any()),
         max_logprobs=int(lp.max()) if len(lp) else -1,
     )
@@ -172,5 +187,7 @@ class TokenSampler:
     def from_context(cls, ctx) -> "TokenSampler":
         return cls(slots=ctx.parts.slots, uploader=ctx.parts.uploader)
 
-    def sample(self, logits: torch.Tensor, slots: np.ndarray) -> SampleResult:
-        return sample(logits, build_sampling_batch(self.slots, slots, self.uploader))
+    def sample(self, logits: torch.Tensor, slots: np.ndarray, device_steps: torch.Tensor | None = None) -> SampleResult:
+        """``device_steps``: the rows' generated counts where only the device knows them
+        (:func:`build_sampling_batch`)."""
+        return sample(logits, build_sampling_batch(self.slots, slots, self.uploader, device_steps=device_steps))
