@@ -20,7 +20,7 @@ def random_prompts(n: int, vocab: int, seed: int, lo: int = 3, hi: int = 40) -> 
 def run_prompts(engine, prompts, params) -> list:
     """Submit every prompt, step until idle; the finished outputs in prompt order."""
     for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", p, params)
+        engine.add_request(f"r{i}", p, params[i] if isinstance(params, list) else params)
     done = {}
     while engine.has_unfinished_requests():
         done.update({o.request_id: o for o in engine.step() if o.finished})
