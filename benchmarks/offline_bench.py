@@ -87,6 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "default: the base engine")
     ap.add_argument("--disable-feature", action="append", default=[], metavar="NAME",
                     help="switch off one feature of the composed modules (repeatable), e.g. pipeline")
+    ap.add_argument("--feature-flag", action="append", default=[], metavar="FLAG",
+                    help="an option flag of a composed feature as rlt-server serve takes it, e.g. "
+                         "--feature-flag=--pipeline-device-exit (repeatable)")
     ap.add_argument("--fixed-depth", action="store_true",
                     help="serve fixed depth (EngineConfig.fixed_depth): lets auto pick FlashAttention for LAST_EXITED; "
                          "adaptive (tau<1) workloads are refused")
@@ -173,7 +176,7 @@ def main(argv=None) -> dict:
     opts = EngineOptions(device=args.device, dtype=args.dtype, attention_backend=backend,
                          block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
                          fixed_depth=args.fixed_depth, feature_modules=tuple(args.feature_module),
-                         disabled_features=tuple(args.disable_feature))
+                         disabled_features=tuple(args.disable_feature), feature_flags=tuple(args.feature_flag))
     results = {
         "schema": "rlt-offline-bench/1",
         "command": " ".join(shlex.quote(a) for a in ([Path(sys.argv[0]).name] if argv is None else ["offline_bench"])
@@ -182,7 +185,7 @@ def main(argv=None) -> dict:
         "options": {"attention_backend": args.attention_backend, "backend_used": backend,
                     "block_size": args.block_size, "max_num_batched_tokens": args.max_num_batched_tokens,
                     "fixed_depth": args.fixed_depth, "feature_modules": args.feature_module,
-                    "disabled_features": args.disable_feature, "reps": args.reps, "warmup_output_len": args.warmup_output_len,
+                    "disabled_features": args.disable_feature, "feature_flags": args.feature_flag, "reps": args.reps, "warmup_output_len": args.warmup_output_len,
                     "sync_steps": not args.no_sync_steps},
         "backend_note": backend_note,
         "workloads": [], "baselines": [], "profiles": [],

@@ -102,6 +102,18 @@ class Workload:
         return cls(**vals)
 
 
+def feature_options(features, flags) -> dict:
+    """The features' option objects from ``rlt-server serve``'s own feature flags (e.g.
+    ``--pipeline-device-exit``), parsed by the platform's flag machinery."""
+    import argparse
+
+    from rlt.platform.features import add_feature_arguments, options_from_args
+
+    parser = argparse.ArgumentParser(prog="--feature-flag", add_help=False, allow_abbrev=False)
+    add_feature_arguments(parser, features)
+    return options_from_args(features, parser.parse_args(list(flags)))[1]
+
+
 @attrs.frozen
 class EngineOptions:
     device: str = "auto"
@@ -116,6 +128,8 @@ class EngineOptions:
     feature_modules: tuple[str, ...] = ()
     #: features of those modules switched off (e.g. ``pipeline``: rlt-decode without its pipeline)
     disabled_features: tuple[str, ...] = ()
+    #: option flags of those features, as ``rlt-server serve`` takes them (e.g. ``--pipeline-device-exit``)
+    feature_flags: tuple[str, ...] = ()
 
     def build_engine(self, config: EngineConfig, load_checkpoint=None) -> LLMEngine:
         if not self.feature_modules:
@@ -134,7 +148,8 @@ class EngineOptions:
 
         features = [f for m in self.feature_modules for f in importlib.import_module(m).FEATURES]
         return plan_composition(detect_platform(config.device), features, model=config.model,
-                                enabled={name: False for name in self.disabled_features})
+                                enabled={name: False for name in self.disabled_features},
+                                options=feature_options(features, self.feature_flags))
 
     def engine_config(self, model_dir: str, wl: Workload, *, backend: str, num_loops: int) -> EngineConfig:
         max_len = wl.prompt_len + wl.output_len

@@ -12,7 +12,8 @@
 # programmatic dependent launch, RLT_PDL=0; pdl = rlt-decode with it, RLT_PDL=1; fold = rlt-decode with the
 # last-arriver folds (merge into decode attention, add_norm_norm into split-K), RLT_FOLD=1; prefetch = rlt-decode
 # with weight L2 prefetch before the PDL wait, RLT_PREFETCH=1; dense = rlt-decode with fresh prompt rows read
-# densely through TMA, RLT_DENSE_PREFILL=1; all = fold + prefetch + dense; copy = rlt-decode with step metadata copied,
+# densely through TMA, RLT_DENSE_PREFILL=1; all = fold + prefetch + dense; devexit = rlt-decode with device-planned
+# steps under adaptive exit, --pipeline-device-exit; copy = rlt-decode with step metadata copied,
 # RLT_UVA=0, instead of read by the mapped-memory kernel), BENCH_ARGS (e.g. --no-sync-steps: no device
 # synchronise after each step, which a pipelined loop needs to overlap), KERNELS=1 (first the kernel
 # micro-benchmarks, benchmarks/decode_kernels.py, with KERNEL_ARGS), PROFILE="c=1,in=1024 ..." (a
@@ -60,11 +61,12 @@ for variant in ${VARIANTS:-base decode}; do
     foldprefetch) extra=(--feature-module rlt.decode.feature); foldv=1; prefetch=1 ;;
     dense) extra=(--feature-module rlt.decode.feature); dense=1 ;;
     all) extra=(--feature-module rlt.decode.feature); foldv=1; prefetch=1; dense=1 ;;
+    devexit) extra=(--feature-module rlt.decode.feature --feature-flag=--pipeline-device-exit) ;;
   esac
   RLT_DENSE_PREFILL=$dense RLT_FOLD=$foldv RLT_PREFETCH=$prefetch RLT_PDL=$pdl RLT_SPLIT_K=$split RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
     --work-dir /tmp/rlt-bench --out-dir "$OUT/$variant" --reps 3 --warmup-output-len 4 "${extra[@]}" ${BENCH_ARGS:-} "${WORKLOADS[@]}" \
     > "$OUT/$variant.log" 2>&1
-  echo "== $variant"; grep -E "^\| (c1-1k|c64-1k|c128-1k|c64-1k-adaptive) \| triton" "$OUT/$variant/results.md" || tail -20 "$OUT/$variant.log"
+  echo "== $variant"; grep -E "^\| (c1-1k|c64-1k|c128-1k|c64-1k-adaptive|c64-refill|c64-refill-adaptive|c1-1k-adaptive) \| triton" "$OUT/$variant/results.md" || tail -20 "$OUT/$variant.log"
 done
 if [ -n "${PROFILE:-}" ]; then
   args=(); for p in $PROFILE; do args+=(--profile "$p"); done

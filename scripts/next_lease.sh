@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the next H200 lease runs first (planned 2026-12-04, when no device was lent): CALL=a|b|c|d, one
+# What the next H200 lease runs first (planned 2026-12-04/05, when no device was lent): CALL=a|b|c|d|e|f, one
 # device call each (<= 600 s), results under $OUT/$CALL. Run from the repo root:
 #   OUT=benchmarks/results/h200-<date>-lease8 CALL=a bash scripts/next_lease.sh
 #   a  the whole GPU suite on the default build (PDL on: not yet run with it), incl. the new fold /
@@ -13,13 +13,16 @@
 #   e  the Triton prefill kernel with fresh prompt rows read densely through TMA (RLT_DENSE_PREFILL): the attention
 #      micro-benchmark (8K: paged vs dense, % of the matmul rate; target 60 %), then Triton-only 8K prefill end to
 #      end, dense off / on (FA4 not installed in this call, so prompt rows stay on Triton)
+#   f  device-planned steps under adaptive exit (--pipeline-device-exit) against the host-planned pipeline: C=64 with
+#      slot refill (256 requests), fixed depth and tau = 0.7 (lease 3: a tau = 0.7 token cost 0.71 of a fixed-depth one
+#      for 0.56 of the loops), and C=1 at tau = 0.7; the decode GPU tests first (test_device_planned_steps_equal_eager)
 # Then: flip rlt.attention.fold.DEFAULT / the prefetch / dense-prefill defaults only if they pay, and record
 # everything in $OUT/README.md (device, versions, command, median of three after one warm-up).
-# The five calls need ~2,400 s; a 1,800 s lease runs a, b, e (correctness of everything new, then the two
-# largest expected gains) and leaves c, d for the next.
+# The six calls need ~2,700 s; a 1,800 s lease runs a, b, f (correctness of everything new, then the C=1 folds
+# and the adaptive-exit acceptance item) and leaves e, c, d for the next.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to a, b, c, d or e}
+CALL=${CALL:?set CALL to a, b, c, d, e or f}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -52,5 +55,12 @@ case $CALL in
         > "$R/prefill8k-dense$dense.log" 2>&1
       echo "== dense $dense"; grep -E '"workload": "single"' "$R/prefill8k-dense$dense.log" | tail -1 | cut -c1-300
     done ;;
+  f)
+    timeout 120 python3 -m pytest tests/gpu/test_decode_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" -rfE \
+      -k "device_planned or pipelined" > "$R/devexit-tests.log" 2>&1
+    grep -E "passed|failed|^FAILED|^ERROR" "$R/devexit-tests.log" | tail -6
+    SKIP_TESTS=1 VARIANTS="decode devexit" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=200 \
+      ONLY_WORKLOADS="--workload c=64,in=1024,out=128,req=256,budget=40,name=c64-refill --workload c=64,in=1024,out=128,req=256,tau=0.7,budget=40,name=c64-refill-adaptive --workload c=1,in=1024,out=128,req=1,tau=0.7,budget=25,name=c1-1k-adaptive" \
+      OUT=$R bash scripts/decode_h200.sh ;;
   *) echo "unknown CALL $CALL"; exit 2 ;;
 esac
