@@ -1,5 +1,5 @@
 """Every feature package composed at random on CPU: seeded random engines (rlt-decode static buffers
-+ pipeline on/off, synchronous or overlapped speculation, prefix cache, preemption by swap / recompute /
++ pipeline on/off at depths 0-3, device-planned steps under adaptive exit on/off, synchronous or overlapped speculation, prefix cache, preemption by swap / recompute /
 auto in small pools, chunked or wavefront prefill at several chunk sizes and budgets) serving random
 requests that arrive while others run: greedy ones (some with stop ids, fewer loops, logprobs) must be
 token-identical to the oracle, seeded sampled ones run to their length, some are aborted mid-way, and
@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 
-from rlt.decode.feature import FEATURES as DECODE
+from rlt.decode.feature import FEATURES as DECODE, PipelineOptions
 from rlt.kvcache.feature import FEATURES as KVCACHE
 from rlt.kvcache.options import PreemptionOptions, PrefixCacheOptions
 from rlt.platform import EngineConfig, SamplingParams
@@ -50,7 +50,8 @@ def _engine(rng: random.Random, path):
         enabled.update({f.name: False for f in DECODE})
     options = {"self_spec": SpecOptions(adaptive=rng.random() < 0.5), "prefix_cache": PrefixCacheOptions(),
                "chunked_prefill": ChunkedPrefillOptions(chunk_size=rng.choice([0, 1, 3, 8, 16]),
-                                                        wavefront=rng.random() < 0.3)}
+                                                        wavefront=rng.random() < 0.3),
+               "pipeline": PipelineOptions(depth=rng.choice([0, 1, 2, 3]), device_exit=rng.random() < 0.6)}
     if pre:
         options["preemption"] = PreemptionOptions(mode=pre, watermark=0.0)
     cfg = EngineConfig(model=str(path), dtype="float32", block_size=4, max_num_batched_tokens=rng.choice([16, 32, 64]),
@@ -76,8 +77,8 @@ def _requests(rng: random.Random, spec_on: bool) -> list[tuple[str, list[int], d
         if rng.random() < 0.2:
             sp["logprobs"] = 2
         bad = False
-        if rng.random() < 0.1:  # adaptive exit: with speculation, a bad request
-            sp["exit_threshold"] = 0.5
+        if rng.random() < (0.1 if spec is not None else 0.4):  # adaptive exit: with speculation, a bad request
+            sp["exit_threshold"] = rng.choice([0.3, 0.5, 0.7])
             bad = spec is not None
         out.append((f"r{i}", (SHARED + tail) if rng.random() < 0.5 else tail, sp, bad))
     return out

@@ -229,3 +229,54 @@ def test_off_by_default_and_off_reasons(tiny_checkpoint):
     pre = build_engine(config, enabled={"static_buffers": True, "pipeline": True, "preemption": True},
                        options={"pipeline": PipelineOptions(device_exit=True)})
     assert "preemption" in device_exit_info(pre)["off_reason"]
+
+
+def test_a_running_request_without_a_row_is_not_starved(tiny_checkpoint):
+    """A policy may give a running request no row in a step (a verdict or a prompt chunk is due):
+    then a step of the others' rows is open but the run ends at once — the host plans the next
+    step — so the request runs again as soon as the policy gives it a row. (Were the run to go on,
+    it would wait until some request finished.)"""
+    from rlt.decode.feature import FEATURES, PipelineOptions
+    from rlt.platform.engine.interfaces import StepPlan, Wrapped
+    from rlt.platform.features import Feature
+
+    class Holding(Wrapped):
+        """Withholds r1's rows from the plans it makes while ``calls`` (its schedule() calls so far) is
+        in ``hold``."""
+
+        hold = range(5, 7)
+
+        def schedule(self):
+            plan = self.inner.schedule()
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls in self.hold:
+                plan = StepPlan(tuple(r for r in plan.rows if r.request.request_id != "r1"), plan.failed)
+            return plan
+
+    holding = Feature(name="holding", package="tests", description="withholds a request's rows",
+                      install=lambda builder, options: builder.wrap("scheduler", lambda ctx, inner: Holding(inner)))
+    path = tiny_checkpoint(seed=6, gate_bias=0.5)
+    config = EngineConfig(model=str(path), dtype="float32", block_size=4, max_num_seqs=4)
+    ps = prompts(3, seed=2)
+    params = [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, exit_threshold=0.6),
+              SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, exit_threshold=0.6),
+              SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True, exit_threshold=0.5, min_loops=2)]
+
+    def serve(device_exit):
+        engine = build_engine(config, features=FEATURES, extra_features=[holding],
+                              options={"pipeline": PipelineOptions(device_exit=device_exit)})
+        for i, p in enumerate(ps):
+            engine.add_request(f"r{i}", p, params[i])
+        done, step = {}, 0
+        while engine.has_unfinished_requests():
+            done.update({o.request_id: (o, step) for o in engine.step() if o.finished})
+            step += 1
+        return engine, done
+
+    planned, got = serve(True)
+    _, want = serve(False)
+    for rid in want:
+        same(got[rid][0], want[rid][0])
+    assert got["r1"][1] <= want["r1"][1] + 3, (got["r1"][1], want["r1"][1])  # r1 finished when it would have
+    info = device_exit_info(planned)
+    assert info["ends"].get("a running request is not in the run", 0) > 0 and info["device_planned_steps"] > 0

@@ -26,8 +26,9 @@ rebuilt from recorded tokens) and runs synchronously.
 exit on the gate is *open* — launched without reading its exits, every row sampled, exits and
 tokens read back with the lag (:class:`rlt.decode.readback.OpenStep`). While the host could plan
 nothing but the same rows moved on — no request of the run finished or was aborted, none can be
-admitted (no request waiting, or no free slot), none can reach ``max_tokens`` within the steps in
-flight — the next step is planned on the device from the exit mask
+admitted (no request waiting, or no free slot), every running request is in the run (none waits
+for a prompt chunk or a verdict), none can reach ``max_tokens`` within the steps in flight — the
+next step is planned on the device from the exit mask
 (``executor.continue_open``: a row that exited moves to its next position at depth 0, the others
 one loop deeper), so adaptive exit no longer makes steps synchronous. The host's own bookkeeping
 follows when each step is completed, in order: the rows of a device-planned step are the
@@ -138,6 +139,8 @@ class PipelinedStepLoop:
         if any(r.finished for r in run.requests):
             return "a request finished"
         s = core.scheduler
+        if s.num_running != len(run.requests):  # e.g. a prompt chunk or a speculative verdict due
+            return "a running request is not in the run"
         if s.num_waiting and s.num_running < s.max_num_seqs:
             return "a request can be admitted"
         if any(r.num_produced + run.open >= r.max_tokens for r in run.requests):
