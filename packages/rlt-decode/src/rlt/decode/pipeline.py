@@ -116,7 +116,7 @@ class PipelinedStepLoop:
             return outputs + core.take_outputs()
         launched = core.launch(StepPlan(rows))
         handle = launched.handle if launched.error is None else None
-        if getattr(handle, "opens_chain", False):  # exits read later; the device may plan what follows
+        if getattr(handle, "opens_run", False):  # exits read later; the device may plan what follows
             self._run = _Run(tuple(r.request for r in launched.batch.rows))
             return outputs + self._push(core, launched, self._run)
         shape = getattr(handle, "shape", None)

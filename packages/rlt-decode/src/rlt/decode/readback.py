@@ -19,6 +19,7 @@ really blocks).
 from __future__ import annotations
 
 from collections import Counter
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -82,6 +83,19 @@ class PipelineStats:
         }
 
 
+class _Values(NamedTuple):
+    """What one ring entry held, copied out: the sampled tokens (and logprobs), and for an open
+    step each row's exit, depth and position (else None)."""
+
+    tokens: np.ndarray
+    logprobs: np.ndarray | None
+    top_ids: np.ndarray | None
+    top_logprobs: np.ndarray | None
+    exited: np.ndarray | None
+    depth: np.ndarray | None
+    position: np.ndarray | None
+
+
 class _Entry:
     def __init__(self, rows: int, pin: bool) -> None:
         self.tokens = torch.empty(rows, dtype=torch.int64, pin_memory=pin)
@@ -94,8 +108,25 @@ class _Entry:
         self.top_logprobs: torch.Tensor | None = None
         self.count = 0
         self.has_logprobs = False
+        self.has_rows = False
         self.event = None
         self.busy = False
+
+    def take(self, stats: PipelineStats) -> _Values:
+        """Wait for the copies (a host sync, counted, only if they have not completed), copy the
+        values out and free the entry, whatever happens."""
+        if self.event is not None and not self.event.query():
+            stats.host_syncs += 1
+            self.event.synchronize()
+        try:
+            m = self.count
+            copy = (lambda t: t[:m].numpy().copy())
+            rows = (copy(self.exited), copy(self.depth), copy(self.position)) if self.has_rows else (None,) * 3
+            return _Values(copy(self.tokens), copy(self.logprobs) if self.has_logprobs else None,
+                           None if self.top_ids is None else self.top_ids.numpy(),
+                           None if self.top_logprobs is None else self.top_logprobs.numpy(), *rows)
+        finally:
+            self.busy = False
 
 
 class PinnedRing:
@@ -123,7 +154,8 @@ class PinnedRing:
         m = out.token_ids.shape[0]
         e.busy, e.count = True, m
         e.tokens[:m].copy_(out.token_ids, non_blocking=True)
-        if rows is not None:
+        e.has_rows = rows is not None
+        if e.has_rows:
             for dst, src in zip((e.exited, e.depth, e.position), rows):
                 dst[:m].copy_(src, non_blocking=True)
         e.has_logprobs = out.logprobs is not None
@@ -136,12 +168,6 @@ class PinnedRing:
             e.event = torch.cuda.Event()
             e.event.record()
         return e
-
-
-def _wait(entry: _Entry, stats: PipelineStats) -> None:
-    if entry.event is not None and not entry.event.query():
-        stats.host_syncs += 1
-        entry.event.synchronize()
 
 
 class LaggedStep:
@@ -160,18 +186,10 @@ class LaggedStep:
 
     def result(self) -> StepResult:
         if self._result is None:
-            e = self._entry
-            _wait(e, self._stats)
-            try:
-                m = e.count
-                self._result = StepResult(
-                    self.shape.exited, self.shape.num_tokens, e.tokens[:m].numpy().copy(),
-                    e.logprobs[:m].numpy().copy() if e.has_logprobs else None,
-                    None if e.top_ids is None else e.top_ids.numpy(),
-                    None if e.top_logprobs is None else e.top_logprobs.numpy())
-            finally:  # the entry is free again, whatever happened
-                e.busy = False
-                self._entry = None
+            entry, self._entry = self._entry, None
+            v = entry.take(self._stats)
+            self._result = StepResult(self.shape.exited, self.shape.num_tokens, v.tokens, v.logprobs, v.top_ids,
+                                      v.top_logprobs)
         return self._result
 
 
@@ -183,31 +201,22 @@ class OpenStep:
     planned by then as ``depth`` / ``position`` per row: the device's values must agree (a
     disagreement is an engine fault for the step, never a silent wrong token)."""
 
-    opens_chain = True
+    #: the step loop keeps it in flight as the start (or next step) of a run of open steps
+    opens_run = True
 
     def __init__(self, entry: _Entry, stats: PipelineStats) -> None:
         self._entry = entry
         self._stats = stats
-        self._values: tuple | None = None
+        self._values: _Values | None = None
 
     def done(self) -> bool:
         e = self._entry
         return self._values is not None or e.event is None or e.event.query()
 
-    def _read(self) -> tuple:
+    def _read(self) -> _Values:
         if self._values is None:
-            e = self._entry
-            _wait(e, self._stats)
-            try:
-                m = e.count
-                self._values = (e.exited[:m].numpy().copy(), e.depth[:m].numpy().copy(),
-                                e.position[:m].numpy().copy(), e.tokens[:m].numpy().copy(),
-                                e.logprobs[:m].numpy().copy() if e.has_logprobs else None,
-                                None if e.top_ids is None else e.top_ids.numpy(),
-                                None if e.top_logprobs is None else e.top_logprobs.numpy())
-            finally:
-                e.busy = False
-                self._entry = None
+            entry, self._entry = self._entry, None
+            self._values = entry.take(self._stats)
         return self._values
 
     def release(self) -> None:
@@ -215,13 +224,14 @@ class OpenStep:
         self._read()
 
     def result_rows(self, index: np.ndarray, depth: np.ndarray, position: np.ndarray) -> StepResult:
-        exited, dev_depth, dev_pos, tokens, lp, top_ids, top_lp = self._read()
-        if not (np.array_equal(dev_depth[index], depth) and np.array_equal(dev_pos[index], position)):
+        v = self._read()
+        if not (np.array_equal(v.depth[index], depth) and np.array_equal(v.position[index], position)):
             raise RuntimeError(
                 f"a device-planned decode step disagrees with the host's rows: device (depth, position) "
-                f"{list(zip(dev_depth[index].tolist(), dev_pos[index].tolist()))}, host "
+                f"{list(zip(v.depth[index].tolist(), v.position[index].tolist()))}, host "
                 f"{list(zip(depth.tolist(), position.tolist()))}")
-        ex = exited[index]
+        ex = v.exited[index]
         take = index[ex]
         pick = (lambda a: None if a is None else a[take])
-        return StepResult(ex, ex.astype(np.int64), tokens[take], pick(lp), pick(top_ids), pick(top_lp))
+        return StepResult(ex, ex.astype(np.int64), v.tokens[take], pick(v.logprobs), pick(v.top_ids),
+                          pick(v.top_logprobs))
