@@ -180,24 +180,27 @@ class StaticDecodeBuffers:
         LAST_EXITED stamp address follow, as the host builder would write them. Padded rows copy
         row 0 again. The rows are plain one-token decode rows (state and token entry = slot) whose
         pages for every position they can reach are mapped (all-at-admission allocation)."""
-        f = self.fields(bucket)
         n = num_rows
+        i64, i32 = self._i64[:, :n], self._i32[:, :n]  # the fields' rows (I64 / I32 order), read whole
+        c64, c32 = {k: i for i, k in enumerate(I64)}, {k: i for i, k in enumerate(I32)}
         e = exited[:n].bool()
-        depth = torch.where(e, 0, f.depth[:n] + 1)
-        pos = f.position[:n] + e.long()
-        slot = f.slot[:n]
-        page, off = pos // block_size, pos % block_size
-        tables = self.tables.index_select(0, slot)
-        rows = torch.arange(n, device=self.device)
-        plane = torch.zeros_like(pos) if shared else depth.long()
-        new64 = {"token": torch.where(e, slot, f.token[:n]), "from_device": torch.where(e, 1, f.from_device[:n]),
-                 "position": pos, "slot_mapping": tables[rows, plane, page].long() * block_size + off,
-                 "plane0": tables[rows, 0, page].long() * block_size + off}
-        new32 = {"seq_len": pos + 1, "depth": depth, "loop": depth + 1}
+        slot = i64[c64["slot"]]
+        depth = torch.where(e, 0, i32[c32["depth"]] + 1)
+        pos = i64[c64["position"]] + e.long()
+        page = pos // block_size
+        off = pos - page * block_size
+        planes, pages = self.tables.shape[1:]
+        first = slot * (planes * pages) + page  # plane 0's entry; the row's plane is ``depth`` pages on
+        entries = torch.stack([first if shared else first + depth.long() * pages, first])
+        addr = self.tables.view(-1).index_select(0, entries.view(-1)).view(2, n).long() * block_size + off
+        new64 = dict(zip(I64, i64))
+        new64.update(token=torch.where(e, slot, new64["token"]), from_device=torch.where(e, 1, new64["from_device"]),
+                     position=pos, slot_mapping=addr[0], plane0=addr[1])
+        new32 = dict(zip(I32, i32))
+        new32.update(seq_len=(pos + 1).int(), depth=depth, loop=depth + 1)
         pad = self._pad(bucket, n)
-        for name, value in (*new64.items(), *new32.items()):
-            dst = getattr(f, name)
-            dst.copy_(value.to(dst.dtype).index_select(0, pad))
+        self._i64[:, :bucket].copy_(torch.stack([new64[k] for k in I64]).index_select(1, pad))
+        self._i32[:, :bucket].copy_(torch.stack([new32[k] for k in I32]).index_select(1, pad))
 
     def _pad(self, bucket: int, n: int) -> torch.Tensor:
         key = (bucket, n)
