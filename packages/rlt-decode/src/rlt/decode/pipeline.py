@@ -139,9 +139,11 @@ class PipelinedStepLoop:
         if any(r.finished for r in run.requests):
             return "a request finished"
         s = core.scheduler
+        if not hasattr(s, "rows_of"):  # the rows of a device-planned step are named through it
+            return "the scheduler policy has no rows_of"
         if s.num_running != len(run.requests):  # e.g. a prompt chunk or a speculative verdict due
             return "a running request is not in the run"
-        if s.num_waiting and s.num_running < s.max_num_seqs:
+        if s.num_waiting and s.num_running < core.ctx.max_num_seqs:
             return "a request can be admitted"
         if any(r.num_produced + run.open >= r.max_tokens for r in run.requests):
             return "a request may reach max_tokens in flight"

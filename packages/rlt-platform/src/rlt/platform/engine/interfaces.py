@@ -297,6 +297,9 @@ class SchedulerPolicy(Protocol):
     a policy that defers decisions to the values (rlt-spec's lagged chains) makes them there.
     Optional ``max_decode_rows``: the most one-token decode rows a step may hold (``max_num_seqs`` when absent; a policy that runs several rows of one request in
     a step, as rlt-spec's chains do, says how many), which a static decode path sizes its buffers by.
+    Optional ``rows_of(request)``: the running request's rows in the next step, as ``schedule`` would
+    give them (rlt-decode's device-planned steps name the rows the device ran through it; without
+    it they never continue).
     """
 
     blocked_reason: str | None
