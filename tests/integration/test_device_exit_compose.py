@@ -9,6 +9,8 @@ device-planned steps.
 - With rlt-prefill's chunked / wavefront prefill under the decode-smoothness cap, a long prompt
   arrives while adaptive requests decode: its first token comes when the host-planned pipeline
   produces it, give or take the steps in flight.
+- With rlt-kvcache's preemption (incremental KV allocation; the loop drains before every plan) the
+  feature is off, with that reason, and the engine serves adaptive requests exactly.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 import torch
 
 from rlt.decode.feature import FEATURES as DECODE, PipelineOptions
+from rlt.kvcache.feature import FEATURES as KVCACHE
 from rlt.platform import EngineConfig, SamplingParams
 from rlt.platform.checkpoint import load_checkpoint
 from rlt.platform.composition import build_engine
@@ -107,3 +110,15 @@ def test_with_chunked_prefill(tiny_checkpoint, wavefront):
     _assert_oracle(_oracle(path), items, got)
     assert planned.describe()["executor"]["pipeline"]["device_exit"]["device_planned_steps"] > 0
     assert first_planned <= first_plain + 3, (first_planned, first_plain)
+
+
+def test_off_with_preemption(tiny_checkpoint):
+    path = tiny_checkpoint(seed=6, gate_bias=0.5)
+    config = EngineConfig(model=str(path), dtype="float32", block_size=4, max_num_seqs=4)
+    engine = build_engine(config, features=KVCACHE + DECODE, enabled={"preemption": True, "prefix_cache": False},
+                          options={"pipeline": PipelineOptions(device_exit=True)})
+    info = engine.describe()["executor"]["pipeline"]["device_exit"]
+    assert not info["enabled"] and "preemption" in info["off_reason"]
+    items = [([5, 9, 13, 200, 31], SamplingParams(max_tokens=12, **ADA)),
+             ([77, 3, 150], SamplingParams(max_tokens=10, min_loops=2, **ADA))]
+    _assert_oracle(_oracle(path), items, run_with_arrivals(engine, items, 2))

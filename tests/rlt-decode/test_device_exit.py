@@ -217,6 +217,8 @@ def test_fault_in_a_device_planned_step(tiny_checkpoint):
 
 
 def test_off_by_default_and_off_reasons(tiny_checkpoint):
+    """Off by default, with its reason; on when asked. (Off with preemption: the composition test
+    with rlt-kvcache, tests/integration/test_device_exit_compose.py.)"""
     from rlt.decode.feature import PipelineOptions
 
     path = tiny_checkpoint(seed=1)
@@ -225,10 +227,6 @@ def test_off_by_default_and_off_reasons(tiny_checkpoint):
                                        "device_planned_steps": 0, "ends": {}}
     assert device_exit_info(planned)["enabled"]
     assert PipelineOptions().device_exit is False
-    config = EngineConfig(model=str(path), dtype="float32", block_size=4)
-    pre = build_engine(config, enabled={"static_buffers": True, "pipeline": True, "preemption": True},
-                       options={"pipeline": PipelineOptions(device_exit=True)})
-    assert "preemption" in device_exit_info(pre)["off_reason"]
 
 
 def test_a_running_request_without_a_row_is_not_starved(tiny_checkpoint):

@@ -151,6 +151,30 @@ FOLD_SCRIPT = textwrap.dedent("""
             untouched = [r for r in range(40) if r not in set(slots.tolist())]
             assert bool((kc1[untouched] == 7).all()) and bool((vc1[untouched] == 7).all())
             assert int(fl._fold_counters(x.device).abs().sum()) == 0
+    # a tile sweep's launch shapes: wide column tiles (64 weight rows per tile, 8 warps) and any whole K split
+    x = torch.randn(40, 2048, generator=g)
+    gu = (torch.randn(256, 2048, generator=g) * 0.03)
+    want = silu_mul(F.linear(x, gu), use_triton=False)
+    for splits in (1, 2, 4, 8):
+        got = fl.linear_silu_mul(x, gu, fl.Tiles(64, 64, 128, 8, 3), splits=splits)
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max() + 1e-3, splits
+        assert int(fl._fold_counters(x.device).abs().sum()) == 0
+    for bad in (3, 64):  # 3: not whole K tiles; 64: ranges of 32 columns in K tiles of 64 (fp32 halves 128)
+        try:
+            fl.linear_silu_mul(x, gu, fl.Tiles(64, 64, 128, 8, 3), splits=bad)
+            raise AssertionError(f"{bad} splits accepted")
+        except ValueError as exc:
+            assert "whole tiles" in str(exc)
+    os.environ["RLT_FOLD"] = "0"
+    fold.refresh()
+    try:
+        fl.linear_silu_mul(x, gu, splits=2)
+        raise AssertionError("K splits accepted without the fold")
+    except ValueError as exc:
+        assert "RLT_FOLD=1" in str(exc)
+    assert torch.equal(fl.linear_silu_mul(x, gu, splits=1), fl.linear_silu_mul(x, gu))
+    os.environ["RLT_FOLD"] = "1"
+    fold.refresh()
     print("ok")
 """)
 

@@ -371,7 +371,8 @@ def _wave_excess(programs: int, sms: int) -> float:
     return -(-programs // sms) * sms / programs
 
 
-def _tile_splits(x: torch.Tensor, tiles: int, k: int, block_k: int, block_m: int, block_n: int):
+def _tile_splits(x: torch.Tensor, tiles: int, k: int, block_k: int, block_m: int, block_n: int,
+                 splits: int | None = None):
     """K splits for a fused projection of ``tiles`` output tiles (``rlt.attention.fold`` on only: the last
     program of a tile finishes it, ``split_tile_sum``), its fp32 piece scratch and the ticket counters.
 
@@ -379,10 +380,17 @@ def _tile_splits(x: torch.Tensor, tiles: int, k: int, block_k: int, block_m: int
     (1, 2, 4 or 8, each K range >= :data:`MIN_TILE_SPLIT_K` and whole K tiles) whose programs fill the
     SMs' waves most evenly, kept only if that beats one split by more than 10 %: q/k/v at one row on
     132 SMs is 96 programs (27 % of the SMs idle) -> 4 splits, 384 programs (3 % excess); gate/up is
-    176 -> 2 splits, 352 (12.5 %). Not yet measured (``docs/decode.md``)."""
-    if not fold_enabled(x):
+    176 -> 2 splits, 352 (12.5 %). Not yet measured (``docs/decode.md``). ``splits``: this count
+    instead of the rule's (a tile sweep's; more than one needs the fold on and whole K tiles)."""
+    if splits is not None:
+        if splits > 1 and not fold_enabled(x):
+            raise ValueError(f"{splits} K splits of a fused projection need rlt.attention.fold on (RLT_FOLD=1): "
+                             "the last program of each tile sums them")
+        if splits < 1 or k % (splits * block_k):
+            raise ValueError(f"{splits} K splits of K={k} in tiles of {block_k}: not whole tiles")
+    elif not fold_enabled(x):
         return 1, x, x
-    best = _balanced_splits(tiles, k, block_k, _sm_count(x.device), MIN_TILE_SPLIT_K)
+    best = splits or _balanced_splits(tiles, k, block_k, _sm_count(x.device), MIN_TILE_SPLIT_K)
     if best == 1:
         return 1, x, x
     parts = torch.empty(tiles * best * 2 * block_m * block_n, dtype=torch.float32, device=x.device)
@@ -461,8 +469,10 @@ def linear_split_k(x: torch.Tensor, weight: torch.Tensor,
     return SplitSum(_launch_split_k(x, weight, plan), x.dtype)
 
 
-def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None = None) -> torch.Tensor:
-    """``silu(g) * u`` with ``[g | u] = F.linear(x, gate_up)`` (``gate_up = [G; U]``, ``[2I, K]``)."""
+def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None = None,
+                    splits: int | None = None) -> torch.Tensor:
+    """``silu(g) * u`` with ``[g | u] = F.linear(x, gate_up)`` (``gate_up = [G; U]``, ``[2I, K]``).
+    ``tiles`` / ``splits``: a launch shape instead of the defaults (tile sweeps, :func:`_tile_splits`)."""
     if not small_m_usable(x, gate_up, MAX_ROWS_SILU_MUL):
         return silu_mul(F.linear(x, gate_up))
     m, k = x.shape
@@ -470,7 +480,7 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None 
     out = torch.empty((m, inter), dtype=x.dtype, device=x.device)
     bm, bn, bk, warps, stages = _fit(tiles or _tiles(m, "silu_mul"), k, x.element_size())
     tiles_n, tiles_m = triton.cdiv(inter, bn), triton.cdiv(m, bm)
-    splits, parts, counters = _tile_splits(x, tiles_n * tiles_m, k, bk, bm, bn)
+    splits, parts, counters = _tile_splits(x, tiles_n * tiles_m, k, bk, bm, bn, splits)
     _linear_silu_mul_kernel[(tiles_n, tiles_m, splits)](
         x, gate_up, out, parts, counters, m, inter, k, x.stride(0), gate_up.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=(k // splits) % bk == 0, PRECISION=_precision(x),
@@ -482,10 +492,11 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None 
 def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    num_q_heads: int, num_kv_heads: int, head_dim: int,
                    kv_store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                   tiles: Tiles | None = None):
+                   tiles: Tiles | None = None, splits: int | None = None):
     """q/k/v projection with split-half RoPE on q and k: returns views ``q, k, v`` and whether the
     kernel already stored k and v into ``kv_store = (k_cache_layer, v_cache_layer, slot_mapping)``
-    (flat slot rows; slots < 0 are skipped). When it returns False the caller writes the KV."""
+    (flat slot rows; slots < 0 are skipped). When it returns False the caller writes the KV.
+    ``tiles`` / ``splits``: a launch shape instead of the defaults (tile sweeps, :func:`_tile_splits`)."""
     half = head_dim // 2
     fusable = small_m_usable(x, qkv_weight, MAX_ROWS_ROPE_KV) and head_dim % 2 == 0 and half >= 16 and (half & (half - 1)) == 0
     if not fusable:  # prompt-sized rows: cuBLAS projection, then RoPE + KV store in one launch
@@ -498,7 +509,7 @@ def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor,
     write = kv_store is not None and cos.stride(-1) == 1 and sin.stride(0) == cos.stride(0)
     k_cache, v_cache, slots = kv_store if write else (out, out, out)
     tiles_n, tiles_m = heads * (half // bn), triton.cdiv(m, bm)
-    splits, parts, counters = _tile_splits(x, tiles_n * tiles_m, kdim, bk, bm, bn)
+    splits, parts, counters = _tile_splits(x, tiles_n * tiles_m, kdim, bk, bm, bn, splits)
     _linear_rope_kv_kernel[(tiles_n, tiles_m, splits)](
         x, qkv_weight, out, cos, sin, k_cache, v_cache, slots, parts, counters,
         m, kdim, x.stride(0), qkv_weight.stride(0), out.stride(0), cos.stride(0),
