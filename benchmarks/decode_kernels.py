@@ -85,13 +85,18 @@ SHAPES = {  # name: (kind, weight rows, K)
 }
 
 
-def _sweep_tiles(m: int, two: bool) -> list[fl.Tiles]:
+def _sweep_tiles(m: int, two: bool) -> list[tuple[fl.Tiles, int]]:
+    """(tiles, K splits) to sweep. The two-weight kernels (q/k/v + RoPE, gate/up + SiLU) also get
+    64-wide column tiles on 8 warps (compiled for sm_90 without spills: 64-111 registers) and 2 / 4 K
+    splits (the fold sums them): at 64 rows a program of 32-wide tiles loads as many activation bytes
+    as weight bytes, wider tiles halve that and the splits keep the SMs busy."""
     bms = [16] if m <= 16 else ([32, 64] if m <= 32 else [64])
     out = []
-    for bm, bn, bk, warps, stages in itertools.product(bms, (16, 32, 64), (128, 256), (4, 8), (3, 4)):
-        if (two and bn > 32) or (warps == 8 and bn < 64):
+    for bm, bn, bk, warps, stages in itertools.product(bms, (16, 32, 64), (64, 128, 256), (4, 8), (3, 4)):
+        if (warps == 8 and bn < 64) or (two and bn > 32 and warps == 4) or (bk == 64 and not (two and bn == 64)):
             continue
-        out.append(fl.Tiles(bm, bn, bk, warps, stages))
+        for splits in ((1, 2, 4) if two else (1,)):
+            out.append((fl.Tiles(bm, bn, bk, warps, stages), splits))
     return out
 
 
@@ -123,10 +128,11 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
                     return silu_mul(F.linear(x, w))
                 return F.linear(x, w)
 
-            def fused(w, tiles=None, x=x, cos=cos, sin=sin, kc=kc, vc=vc, slots=slots):
+            def fused(w, tiles=None, splits=None, x=x, cos=cos, sin=sin, kc=kc, vc=vc, slots=slots):
                 if kind == "rope":
-                    return fl.linear_rope_kv(x, w, cos, sin, HEADS, KV_HEADS, HEAD_DIM, (kc, vc, slots), tiles)[0]
-                return fl.linear_silu_mul(x, w, tiles)
+                    return fl.linear_rope_kv(x, w, cos, sin, HEADS, KV_HEADS, HEAD_DIM, (kc, vc, slots), tiles,
+                                             splits)[0]
+                return fl.linear_silu_mul(x, w, tiles, splits)
 
             base = graph_time_ms(lambda: [unfused(w) for w in ws]) / copies
             row = {"shape": name, "rows": m, "weight_mb": nbytes / 2**20, "unfused_us": base * 1e3,
@@ -151,26 +157,32 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
                 row.update(fold_us=folded * 1e3, fold_err=rel_err(fused(ws[0]), unfused(ws[0])))
             if m in sweep_rows:
                 best = None
-                for t in _sweep_tiles(m, kind != "plain"):
+                for t, sp in _sweep_tiles(m, kind != "plain"):
                     if kind == "rope" and t.block_n > HEAD_DIM // 2:
                         continue
                     try:
-                        ms = graph_time_ms(lambda t=t: [fused(w, t) for w in ws], reps=10, batches=3) / copies
-                        e = rel_err(fused(ws[0], t), unfused(ws[0]))
+                        with _fold(sp > 1):  # K splits are summed by the fold's last program of each tile
+                            ms = graph_time_ms(lambda t=t, sp=sp: [fused(w, t, sp) for w in ws], reps=10,
+                                               batches=3) / copies
+                            e = rel_err(fused(ws[0], t, sp), unfused(ws[0]))
                     except Exception as exc:  # noqa: BLE001 - a config the compiler refuses (resources)
-                        print(f"  {name} m={m} {tuple(t)}: {type(exc).__name__}: {str(exc)[:80]}")
+                        print(f"  {name} m={m} {tuple(t)} x{sp}: {type(exc).__name__}: {str(exc)[:80]}")
                         continue
                     if e > 2e-2:
-                        print(f"  {name} m={m} {tuple(t)}: rel err {e:.2e} (rejected)")
+                        print(f"  {name} m={m} {tuple(t)} x{sp}: rel err {e:.2e} (rejected)")
                         continue
+                    print(f"  {name} m={m} {tuple(t)} x{sp}: {ms * 1e3:7.1f} us ({nbytes / ms / 1e6:6.0f} GB/s)",
+                          flush=True)
                     if best is None or ms < best[0]:
-                        best = (ms, t)
+                        best = (ms, t, sp)
                 if best:
-                    row.update(best_us=best[0] * 1e3, best_tiles=list(best[1]), best_gbps=nbytes / best[0] / 1e6)
+                    row.update(best_us=best[0] * 1e3, best_tiles=list(best[1]), best_splits=best[2],
+                               best_gbps=nbytes / best[0] / 1e6)
             results.append(row)
             print(f"{name:14s} m={m:4d}  unfused {row['unfused_us']:7.1f} us ({row['unfused_gbps']:6.0f} GB/s)  "
                   f"fused {row['fused_us']:7.1f} us ({row['fused_gbps']:6.0f} GB/s)"
-                  + (f"  best {row['best_us']:7.1f} us {tuple(row['best_tiles'])}" if "best_us" in row else "")
+                  + (f"  best {row['best_us']:7.1f} us {tuple(row['best_tiles'])} x{row['best_splits']}"
+                     if "best_us" in row else "")
                   + f"  err {err:.1e}  folded {row['fold_us']:7.1f} us err {row['fold_err']:.1e}", flush=True)
         del ws
         torch.cuda.empty_cache()

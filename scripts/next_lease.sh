@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the next H200 lease runs first (planned 2026-12-04/05, when no device was lent): CALL=a|b|c|d|e|f, one
+# What the next H200 lease runs first (planned 2026-12-04/05, when no device was lent): CALL=a..g, one
 # device call each (<= 600 s), results under $OUT/$CALL. Run from the repo root:
 #   OUT=benchmarks/results/h200-<date>-lease8 CALL=a bash scripts/next_lease.sh
 #   a  the whole GPU suite on the default build (PDL on: not yet run with it), incl. the new fold /
@@ -16,13 +16,17 @@
 #   f  device-planned steps under adaptive exit (--pipeline-device-exit) against the host-planned pipeline: C=64 with
 #      slot refill (256 requests), fixed depth and tau = 0.7 (lease 3: a tau = 0.7 token cost 0.71 of a fixed-depth one
 #      for 0.56 of the loops), and C=1 at tau = 0.7; the decode GPU tests first (test_device_planned_steps_equal_eager)
+#   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
+#      (4 warps) and 64-wide ones (8 warps) x K splits 1/2/4 (benchmarks/decode_kernels.py's sweep); at 64 rows
+#      the default 32-wide tiles load as many activation bytes as weight bytes per program (C=64: the
+#      projections take ~1.1 of 4.55 ms per loop step at ~2-2.8 TB/s) — a better shape becomes fused_linear._tiles
 # Then: flip rlt.attention.fold.DEFAULT / the prefetch / dense-prefill defaults only if they pay, and record
 # everything in $OUT/README.md (device, versions, command, median of three after one warm-up).
-# The six calls need ~2,700 s; a 1,800 s lease runs a, b, f (correctness of everything new, then the C=1 folds
-# and the adaptive-exit acceptance item) and leaves e, c, d for the next.
+# The seven calls need ~3,100 s; a 1,800 s lease runs a, b, f (correctness of everything new, then the C=1 folds
+# and the adaptive-exit acceptance item) and leaves g, e, c, d for the next.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to a, b, c, d, e or f}
+CALL=${CALL:?set CALL to a, b, c, d, e, f or g}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -62,5 +66,9 @@ case $CALL in
     SKIP_TESTS=1 VARIANTS="decode devexit" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=200 \
       ONLY_WORKLOADS="--workload c=64,in=1024,out=128,req=256,budget=40,name=c64-refill --workload c=64,in=1024,out=128,req=256,tau=0.7,budget=40,name=c64-refill-adaptive --workload c=1,in=1024,out=128,req=1,tau=0.7,budget=25,name=c1-1k-adaptive" \
       OUT=$R bash scripts/decode_h200.sh ;;
+  g)
+    timeout 540 python3 -m benchmarks.decode_kernels --parts linear --rows 1,64 --sweep-rows 1,64 \
+      --shapes "qkv+rope+kv,gate_up+silu" --out "$R/tiles.json" > "$R/tiles.log" 2>&1
+    grep -E "^(qkv|gate_up)" "$R/tiles.log" | tail -8 ;;
   *) echo "unknown CALL $CALL"; exit 2 ;;
 esac
