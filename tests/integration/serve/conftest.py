@@ -125,3 +125,9 @@ def wait_for(pred, timeout: float = 20.0, interval: float = 0.05):
             return v
         time.sleep(interval)
     return None
+
+
+def word_prompt(i: int) -> str:
+    """The ``i``-th prompt of the load tests: 1-7 words of a small vocabulary, then ``i``."""
+    words = ["loop", "depth", "token", "the", "fox", "batch", "exit", "gate"]
+    return " ".join(words[(i + k) % len(words)] for k in range(1 + i % 7)) + f" {i}"

@@ -12,13 +12,10 @@ import openai
 from rlt.platform import EngineConfig, SamplingParams
 from rlt.platform.engine.llm import LLM
 
+from conftest import word_prompt
+
 CLIENTS = 24
 MAX_TOKENS = 12
-
-
-def _prompt(i: int) -> str:
-    words = ["loop", "depth", "token", "the", "fox", "batch", "exit", "gate"]
-    return " ".join(words[(i + k) % len(words)] for k in range(2 + i % 5)) + f" {i}"
 
 
 def _extra(i: int) -> dict:
@@ -30,7 +27,7 @@ def _temperature(i: int) -> float:
 
 
 async def _one(client: openai.AsyncOpenAI, i: int) -> dict:
-    stream = await client.completions.create(model="tiny", prompt=_prompt(i), max_tokens=MAX_TOKENS,
+    stream = await client.completions.create(model="tiny", prompt=word_prompt(i), max_tokens=MAX_TOKENS,
                                              temperature=_temperature(i), seed=500 + i, stream=True,
                                              extra_body=_extra(i))
     ids, depths, finish = [], [], None
@@ -57,7 +54,7 @@ def test_adaptive_streams_equal_offline(launch_server, tiny_model):
     params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=_temperature(i), seed=500 + i,
                              exit_threshold=_extra(i)["exit_threshold"], min_loops=_extra(i)["min_loops"])
               for i in range(CLIENTS)]
-    want = llm.generate([_prompt(i) for i in range(CLIENTS)], params)
+    want = llm.generate([word_prompt(i) for i in range(CLIENTS)], params)
     for i, (got, w) in enumerate(zip(results, want)):
         assert (got["ids"], got["depths"], got["finish"]) == (list(w.token_ids), list(w.exit_depths),
                                                                w.finish_reason), i

@@ -11,7 +11,7 @@ import openai
 from rlt.platform import EngineConfig, SamplingParams
 from rlt.platform.engine.llm import LLM
 
-from conftest import scrape
+from conftest import scrape, word_prompt
 
 CLIENTS = 64
 MAX_TOKENS = 32
@@ -19,14 +19,9 @@ MAX_TOKENS = 32
 SMALL_POOL = 400
 
 
-def _prompt(i: int) -> str:
-    words = ["loop", "depth", "token", "the", "fox", "batch", "exit", "gate"]
-    return " ".join(words[(i + k) % len(words)] for k in range(1 + i % 7)) + f" {i}"
-
-
 async def _one(client: openai.AsyncOpenAI, i: int) -> dict:
     stream = await client.completions.create(
-        model="tiny", prompt=_prompt(i), max_tokens=MAX_TOKENS, temperature=0.8, seed=500 + i, stream=True,
+        model="tiny", prompt=word_prompt(i), max_tokens=MAX_TOKENS, temperature=0.8, seed=500 + i, stream=True,
         extra_body={"return_token_ids": True, "ignore_eos": True, "priority": i % 3})
     ids, finish = [], None
     async for chunk in stream:
@@ -53,7 +48,7 @@ def test_small_pool_degrades_instead_of_failing(launch_server, tiny_model):
     assert all(r["finish"] == "length" and len(r["ids"]) == MAX_TOKENS for r in results)
     llm = LLM.from_config(EngineConfig(model=str(tiny_model), dtype="float32", block_size=4, max_num_seqs=64),
                           use_features=False)
-    want = llm.generate([_prompt(i) for i in range(CLIENTS)],
+    want = llm.generate([word_prompt(i) for i in range(CLIENTS)],
                         [SamplingParams(max_tokens=MAX_TOKENS, temperature=0.8, seed=500 + i, ignore_eos=True)
                          for i in range(CLIENTS)])
     for i, (got, w) in enumerate(zip(results, want)):

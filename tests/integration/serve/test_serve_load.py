@@ -11,15 +11,10 @@ import openai
 from rlt.platform import EngineConfig, SamplingParams
 from rlt.platform.engine.llm import LLM
 
-from conftest import TINY_ENGINE
+from conftest import TINY_ENGINE, word_prompt
 
 CLIENTS = 64
 MAX_TOKENS = 8
-
-
-def _prompt(i: int) -> str:
-    words = ["loop", "depth", "token", "the", "fox", "batch", "exit", "gate"]
-    return " ".join(words[(i + k) % len(words)] for k in range(1 + i % 7)) + f" {i}"
 
 
 def _params(i: int) -> SamplingParams:
@@ -31,9 +26,9 @@ async def _one(client: openai.AsyncOpenAI, i: int) -> dict:
                   stream_options={"include_usage": True}, extra_body={"return_token_ids": True})
     text, ids, depths, finish, usage = [], [], [], None, None
     if i % 4 == 3:
-        stream = await client.chat.completions.create(messages=[{"role": "user", "content": _prompt(i)}], **common)
+        stream = await client.chat.completions.create(messages=[{"role": "user", "content": word_prompt(i)}], **common)
     else:
-        stream = await client.completions.create(prompt=_prompt(i), **common)
+        stream = await client.completions.create(prompt=word_prompt(i), **common)
     async for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage
@@ -59,10 +54,10 @@ def test_64_concurrent_streams_equal_offline_generation(tiny_server, tiny_model)
     prompts = []
     for i in range(CLIENTS):
         if i % 4 == 3:
-            rendered = tok.apply_chat_template([{"role": "user", "content": _prompt(i)}], add_generation_prompt=True)
+            rendered = tok.apply_chat_template([{"role": "user", "content": word_prompt(i)}], add_generation_prompt=True)
             prompts.append(tok.encode(rendered, add_special_tokens=False))
         else:
-            prompts.append(_prompt(i))
+            prompts.append(word_prompt(i))
     want = llm.generate(prompts, [_params(i) for i in range(CLIENTS)])
     for i, (got, w) in enumerate(zip(results, want)):
         assert got["ids"] == list(w.token_ids), i
