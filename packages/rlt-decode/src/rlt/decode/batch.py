@@ -153,8 +153,8 @@ class StaticDecodeBuffers:
         self.tables = torch.zeros((num_slots, planes, pages), dtype=torch.int32, device=device)
         self._shadow = np.zeros((num_slots, planes, pages), dtype=np.int32)
         self.qsl = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
-        #: device row-padding indices per (bucket, rows) (:meth:`advance`)
-        self._pads: dict[tuple[int, int], torch.Tensor] = {}
+        #: row indices, for :meth:`advance`'s padding
+        self._rows = torch.arange(max_rows, device=device)
 
     def fields(self, bucket: int) -> DecodeFields:
         v = {n: self._i64[i, :bucket] for i, n in enumerate(I64)}
@@ -171,19 +171,21 @@ class StaticDecodeBuffers:
             self._shadow[dirty] = host_tables[dirty]
             self.tables.index_copy_(0, to_device(dirty, self.device), to_device(host_tables[dirty], self.device))
 
-    def advance(self, bucket: int, num_rows: int, exited: torch.Tensor, block_size: int, shared: bool) -> None:
+    def advance(self, bucket: int, num_rows: torch.Tensor, exited: torch.Tensor, block_size: int,
+                shared: bool) -> None:
         """Plan the next decode step of the same rows on the device, in place, from the step that
         just ran from these fields and its exit mask ``exited [bucket]``: a row that exited moves to
         its next position at depth 0, embedding the token it just sampled (the token table at its
         slot); one that did not runs its next loop at the same position. Its context length, KV
         slot (its page table, mirrored here, at its new depth plane; plane 0 under SHARED) and
-        LAST_EXITED stamp address follow, as the host builder would write them. Padded rows copy
-        row 0 again. The rows are plain one-token decode rows (state and token entry = slot) whose
-        pages for every position they can reach are mapped (all-at-admission allocation)."""
-        n = num_rows
-        i64, i32 = self._i64[:, :n], self._i32[:, :n]  # the fields' rows (I64 / I32 order), read whole
+        LAST_EXITED stamp address follow, as the host builder would write them. Rows from
+        ``num_rows`` (a device scalar) on are padding: they copy row 0 again. Device tensors and
+        the bucket only, nothing read on the host: capturable as a graph per bucket. The rows are
+        plain one-token decode rows (state and token entry = slot) whose pages for every position
+        they can reach are mapped (all-at-admission allocation)."""
+        i64, i32 = self._i64[:, :bucket], self._i32[:, :bucket]  # the fields (I64 / I32 order), read whole
         c64, c32 = {k: i for i, k in enumerate(I64)}, {k: i for i, k in enumerate(I32)}
-        e = exited[:n].bool()
+        e = exited[:bucket].bool()
         slot = i64[c64["slot"]]
         depth = torch.where(e, 0, i32[c32["depth"]] + 1)
         pos = i64[c64["position"]] + e.long()
@@ -192,23 +194,16 @@ class StaticDecodeBuffers:
         planes, pages = self.tables.shape[1:]
         first = slot * (planes * pages) + page  # plane 0's entry; the row's plane is ``depth`` pages on
         entries = torch.stack([first if shared else first + depth.long() * pages, first])
-        addr = self.tables.view(-1).index_select(0, entries.view(-1)).view(2, n).long() * block_size + off
+        addr = self.tables.view(-1).index_select(0, entries.view(-1)).view(2, bucket).long() * block_size + off
         new64 = dict(zip(I64, i64))
         new64.update(token=torch.where(e, slot, new64["token"]), from_device=torch.where(e, 1, new64["from_device"]),
                      position=pos, slot_mapping=addr[0], plane0=addr[1])
         new32 = dict(zip(I32, i32))
         new32.update(seq_len=(pos + 1).int(), depth=depth, loop=depth + 1)
-        pad = self._pad(bucket, n)
+        rows = self._rows[:bucket]
+        pad = torch.where(rows < num_rows, rows, 0)
         self._i64[:, :bucket].copy_(torch.stack([new64[k] for k in I64]).index_select(1, pad))
         self._i32[:, :bucket].copy_(torch.stack([new32[k] for k in I32]).index_select(1, pad))
-
-    def _pad(self, bucket: int, n: int) -> torch.Tensor:
-        key = (bucket, n)
-        pad = self._pads.get(key)
-        if pad is None:
-            pad = torch.cat([torch.arange(n), torch.zeros(bucket - n, dtype=torch.int64)]).to(self.device)
-            self._pads[key] = pad
-        return pad
 
     def upload(self, i64: np.ndarray, i32: np.ndarray) -> None:
         """Copy ``i64 [len(I64), B]`` and ``i32 [len(I32), B]`` into the device buffers (one copy)."""

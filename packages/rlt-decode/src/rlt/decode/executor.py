@@ -48,12 +48,11 @@ log = logging.getLogger("rlt.decode")
 @attrs.define(eq=False)
 class _DeviceRun:
     """The open step the next device-planned step follows: its batch (the host-planned first step
-    of the run), its rows' slots and generated counts on the device, the last step's exit mask."""
+    of the run), its rows' slots and generated counts on the device."""
 
     batch: DecodeBatch
     slots: torch.Tensor  # [R] device
     generated: torch.Tensor  # [R] int64 device: tokens each row's request has generated before the next step
-    exited: torch.Tensor | None = None  # [bucket] device: the last step's exit mask
     steps: int = 0  # steps planned on the device since the host planned ``batch``
 
 
@@ -101,6 +100,13 @@ class StaticDecodeExecutor(Wrapped):
         self.max_model_len = ctx.max_model_len
         #: the run of open steps the device may continue (None: the last step was not open)
         self._device_run: _DeviceRun | None = None
+        #: what the device planning of the next step reads (static: its graphs replay over them): the
+        #: last open step's exit mask and the run's real row count
+        self._exited = torch.zeros(buffers.max_rows, dtype=torch.bool, device=self.device)
+        self._num_rows = torch.zeros((), dtype=torch.int64, device=self.device)
+        #: the device planning captured per row bucket (with graphs on), and why it runs eagerly if not
+        self._advance_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.advance_off_reason = ""
 
     @property
     def exit_latency(self) -> int:
@@ -222,6 +228,7 @@ class StaticDecodeExecutor(Wrapped):
             run = _DeviceRun(batch, to_device(batch.slots, self.device),
                              to_device(self.slot_table.num_generated[batch.slots], self.device))
             self._device_run = run
+            self._num_rows.fill_(n)
             return self._open_tail(run, h, exited_dev)
         if batch.lagged and not batch.feature_rows:
             return self._lagged_tail(batch, h)
@@ -272,9 +279,31 @@ class StaticDecodeExecutor(Wrapped):
         b = run.batch
         run.steps += 1
         context = context_bucket(int(b.row_start.max()) + run.steps + 1, self.max_model_len)
-        self.buffers.advance(b.bucket, b.num_rows, run.exited, self.kv.block_size, self.kv.layout is KVLayout.SHARED)
+        self._advance(b.bucket)
         h, exited = self._run_shape((b.bucket, context))
         return attrs.evolve(b, context=context), self._open_tail(run, h, exited)
+
+    def _advance(self, bucket: int) -> None:
+        """The device planning of the next step (:meth:`StaticDecodeBuffers.advance`): a graph replay
+        once the bucket's was captured (on its first use, after running it eagerly), else eagerly."""
+        graph = self._advance_graphs.get(bucket)
+        if graph is not None:
+            graph.replay()
+            return
+        args = (bucket, self._num_rows, self._exited, self.kv.block_size, self.kv.layout is KVLayout.SHARED)
+        self.buffers.advance(*args)
+        if not self.use_graphs or self.advance_off_reason:
+            return
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                self.buffers.advance(*args)
+        except Exception as exc:  # noqa: BLE001 - it still ran eagerly; record why it stays eager
+            self.advance_off_reason = f"capture failed: {type(exc).__name__}: {exc}"[:200]
+            log.warning("graph capture of the device planning (bucket %d) failed; it runs eagerly: %s", bucket, exc)
+            return
+        self._pool = graph.pool()
+        self._advance_graphs[bucket] = graph
 
     def _open_tail(self, run: _DeviceRun, h: torch.Tensor, exited: torch.Tensor) -> OpenStep:
         """LM head and sampling of every row of an open step (whose exits the host does not
@@ -288,7 +317,7 @@ class StaticDecodeExecutor(Wrapped):
         f = self.buffers.fields(b.bucket)
         entry = self.ring.put(out, rows=(e, f.depth[:n], f.position[:n]))
         run.generated.add_(e.long())
-        run.exited = exited.clone()  # a graph's output is overwritten by its next replay
+        self._exited[: b.bucket].copy_(exited)  # a graph's output is overwritten by its next replay
         self.pipeline.open_step(device_planned=run.steps > 0)
         return OpenStep(entry, self.pipeline)
 
@@ -300,6 +329,7 @@ class StaticDecodeExecutor(Wrapped):
             "graphs_captured_at_startup": self.startup_graphs, "startup_capture_seconds": round(self.startup_seconds, 3),
             "steps": dict(self.stats), "eager_fallbacks": dict(self.fallbacks),
             "pipeline": self.pipeline.describe(),
+            "device_planning_graphs": len(self._advance_graphs), "device_planning_off_reason": self.advance_off_reason,
             "step_metadata": {"moved_by": "mapped-memory kernel (UVA)" if self.buffers.mapped else "copy",
                               "mapped_uploads": self.buffers.num_mapped, "copied_uploads": self.buffers.num_copied},
         }
