@@ -314,10 +314,10 @@ class StaticDecodeExecutor(Wrapped):
         e = exited[:n]
         out = self.sampler.sample(self.model.coda(h[:n]), b.slots, device_steps=run.generated)
         self.tokens.index_copy_(0, run.slots, torch.where(e, out.token_ids, self.tokens.index_select(0, run.slots)))
-        f = self.buffers.fields(b.bucket)
-        entry = self.ring.put(out, rows=(e, f.depth[:n], f.position[:n]))
         run.generated.add_(e.long())
         self._exited[: b.bucket].copy_(exited)  # a graph's output is overwritten by its next replay
+        f = self.buffers.fields(b.bucket)
+        entry = self.ring.put(out, rows=(e, f.depth[:n], f.position[:n]))  # last: nothing can fail holding it
         self.pipeline.open_step(device_planned=run.steps > 0)
         return OpenStep(entry, self.pipeline)
 
