@@ -29,10 +29,9 @@ import logging
 import time
 from collections import Counter
 
+import attrs
 import numpy as np
 import torch
-
-import attrs
 
 from rlt.attention import AttentionMetadata, KVLayout
 from rlt.decode.batch import DecodeBatch, context_bucket
@@ -137,25 +136,30 @@ class StaticDecodeExecutor(Wrapped):
         remaining.index_copy_(0, f.slot, carried)
         return h, exited
 
+    def _record(self, fn):
+        """Capture ``fn()`` as a graph in the shared memory pool, its time and graph memory counted;
+        returns (graph, fn's output). Raises what the capture raised."""
+        before = torch.cuda.memory_reserved(self.device)
+        t0 = time.perf_counter()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = fn()
+        self._pool = graph.pool()
+        self.capture_seconds += time.perf_counter() - t0
+        self.graph_bytes += max(0, torch.cuda.memory_reserved(self.device) - before)
+        return graph, out
+
     def _capture(self, key: tuple[int, int]) -> None:
         if len(self._graphs) >= self.max_graphs:
             self.fallbacks[f"graph count limit ({self.max_graphs})"] += 1  # this shape stays eager
             return
-        before = torch.cuda.memory_reserved(self.device)
-        t0 = time.perf_counter()
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
-                out = self._loop_step(*key)
+            self._graphs[key] = self._record(lambda: self._loop_step(*key))
         except Exception as exc:  # noqa: BLE001 - the step still ran eagerly; record why graphs are off
             self.use_graphs = False
             self.graphs_off_reason = f"capture failed: {type(exc).__name__}: {exc}"[:200]
             log.warning("graph capture of decode bucket %s failed; decode steps run eagerly: %s", key, exc)
             return
-        self._pool = graph.pool()
-        self.capture_seconds += time.perf_counter() - t0
-        self.graph_bytes += max(0, torch.cuda.memory_reserved(self.device) - before)
-        self._graphs[key] = (graph, out)
         if self.graph_memory_bytes is not None and self.graph_bytes > self.graph_memory_bytes:
             self.use_graphs = False
             self.graphs_off_reason = f"graph memory budget ({self.graph_memory_bytes >> 20} MiB) reached"
@@ -294,16 +298,11 @@ class StaticDecodeExecutor(Wrapped):
         self.buffers.advance(*args)
         if not self.use_graphs or self.advance_off_reason:
             return
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
-                self.buffers.advance(*args)
+            self._advance_graphs[bucket] = self._record(lambda: self.buffers.advance(*args))[0]
         except Exception as exc:  # noqa: BLE001 - it still ran eagerly; record why it stays eager
             self.advance_off_reason = f"capture failed: {type(exc).__name__}: {exc}"[:200]
             log.warning("graph capture of the device planning (bucket %d) failed; it runs eagerly: %s", bucket, exc)
-            return
-        self._pool = graph.pool()
-        self._advance_graphs[bucket] = graph
 
     def _open_tail(self, run: _DeviceRun, h: torch.Tensor, exited: torch.Tensor) -> OpenStep:
         """LM head and sampling of every row of an open step (whose exits the host does not
