@@ -278,3 +278,19 @@ def test_a_running_request_without_a_row_is_not_starved(tiny_checkpoint):
     assert got["r1"][1] <= want["r1"][1] + 3, (got["r1"][1], want["r1"][1])  # r1 finished when it would have
     info = device_exit_info(planned)
     assert info["ends"].get("a running request is not in the run", 0) > 0 and info["device_planned_steps"] > 0
+
+
+def test_runs_go_on_while_the_waiting_request_is_blocked_on_kv(tiny_checkpoint):
+    """A waiting request that a free slot cannot take (its KV blocks are not there) does not end
+    runs: only a finish can free blocks, and a finish ends the run anyway. A new arrival does."""
+    path = tiny_checkpoint(seed=6, gate_bias=0.5)
+    base, _, planned = engines(path, max_num_seqs=4, num_kv_blocks=60)
+    ps = [[5 + i, 9, 13, 200, 31, 7] for i in range(3)]
+    sp = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, exit_threshold=0.6)  # 28 blocks each
+    got = run(planned, ps, sp)
+    for a, b in zip(got, run(base, ps, sp)):
+        same(a, b)
+    info = device_exit_info(planned)
+    assert info["device_planned_steps"] > 10
+    assert "a request can be admitted" not in info["ends"], info
+    assert planned.stats().num_free_kv_blocks == planned.stats().num_kv_blocks

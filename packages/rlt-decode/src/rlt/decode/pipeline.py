@@ -26,7 +26,8 @@ rebuilt from recorded tokens) and runs synchronously.
 exit on the gate is *open* — launched without reading its exits, every row sampled, exits and
 tokens read back with the lag (:class:`rlt.decode.readback.OpenStep`). While the host could plan
 nothing but the same rows moved on — no request of the run finished or was aborted, none can be
-admitted (no request waiting, or no free slot), every running request is in the run (none waits
+admitted (no request waiting, no free slot, or the waiting ones blocked on the step budget or KV
+blocks since the run began, none arrived since), every running request is in the run (none waits
 for a prompt chunk or a verdict), none can reach ``max_tokens`` within the steps in flight — the
 next step is planned on the device from the exit mask
 (``executor.continue_open``: a row that exited moves to its next position at depth 0, the others
@@ -59,6 +60,11 @@ class _Run:
     Row i of every step of the run is request i's."""
 
     requests: tuple
+    #: requests waiting when the host planned the first step, and whether the policy then said why
+    #: they could not be admitted (``blocked_reason``: the step budget or KV blocks, which only a
+    #: finish, ending the run anyway, changes)
+    waiting: int = 0
+    blocked: bool = False
     open: int = 0  # steps of the run launched and not completed
     steps: int = 0  # steps launched
 
@@ -117,7 +123,8 @@ class PipelinedStepLoop:
         launched = core.launch(StepPlan(rows))
         handle = launched.handle if launched.error is None else None
         if getattr(handle, "opens_run", False):  # exits read later; the device may plan what follows
-            self._run = _Run(tuple(r.request for r in launched.batch.rows))
+            s = core.scheduler
+            self._run = _Run(tuple(r.request for r in launched.batch.rows), s.num_waiting, s.blocked_reason is not None)
             return outputs + self._push(core, launched, self._run)
         shape = getattr(handle, "shape", None)
         if shape is None:  # synchronous (or failed): everything launched before it completes first
@@ -143,7 +150,8 @@ class PipelinedStepLoop:
             return "the scheduler policy has no rows_of"
         if s.num_running != len(run.requests):  # e.g. a prompt chunk or a speculative verdict due
             return "a running request is not in the run"
-        if s.num_waiting and s.num_running < core.ctx.max_num_seqs:
+        if s.num_waiting and s.num_running < core.ctx.max_num_seqs \
+                and not (run.blocked and s.num_waiting == run.waiting):  # blocked, and nobody new
             return "a request can be admitted"
         if any(r.num_produced + run.open >= r.max_tokens for r in run.requests):
             return "a request may reach max_tokens in flight"
