@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the next H200 lease runs first (planned 2026-12-04/05, when no device was lent): CALL=a..g, one
+# What the next H200 lease runs first (planned 2026-12-04/05, when no device was lent): CALL=a..h, one
 # device call each (<= 600 s), results under $OUT/$CALL. Run from the repo root:
 #   OUT=benchmarks/results/h200-<date>-lease8 CALL=a bash scripts/next_lease.sh
 #   a  the whole GPU suite on the default build (PDL on: not yet run with it), incl. the new fold /
@@ -20,13 +20,17 @@
 #      (4 warps) and 64-wide ones (8 warps) x K splits 1/2/4 (benchmarks/decode_kernels.py's sweep); at 64 rows
 #      the default 32-wide tiles load as many activation bytes as weight bytes per program (C=64: the
 #      projections take ~1.1 of 4.55 ms per loop step at ~2-2.8 TB/s) — a better shape becomes fused_linear._tiles
+#   h  C=128 1K/128 end to end (the issue's e2e target, 2,500 tok/s) with every feature package composed as a server
+#      would (rlt-decode + rlt-prefill: FA4 for the prompt rows), default vs RLT_FOLD=1; lease 7 measured it with
+#      rlt-decode alone on Triton (2,313). FA4's wheels: carry .whl/fa4a in an earlier call of the lease and
+#      .whl/fa4b in this one (64 MiB per call; the warm machine keeps both), as lease 7's calls c and d did
 # Then: flip rlt.attention.fold.DEFAULT / the prefetch / dense-prefill defaults only if they pay, and record
 # everything in $OUT/README.md (device, versions, command, median of three after one warm-up).
-# The seven calls need ~3,100 s; a 1,800 s lease runs a, b, f (correctness of everything new, then the C=1 folds
-# and the adaptive-exit acceptance item) and leaves g, e, c, d for the next.
+# The eight calls need ~3,500 s; a 1,800 s lease runs a (carrying .whl/fa4a), b, f (correctness of everything new,
+# then the C=1 folds and the adaptive-exit acceptance item) and leaves h, g, e, c, d for the next.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to a, b, c, d, e, f or g}
+CALL=${CALL:?set CALL to one of a..h}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -70,5 +74,10 @@ case $CALL in
     timeout 540 python3 -m benchmarks.decode_kernels --parts linear --rows 1,64 --sweep-rows 1,64 \
       --shapes "qkv+rope+kv,gate_up+silu" --out "$R/tiles.json" > "$R/tiles.log" 2>&1
     grep -E "^(qkv|gate_up)" "$R/tiles.log" | tail -8 ;;
+  h)
+    . scripts/install_carried_wheels.sh .whl/fa4a .whl/fa4b
+    python3 -c "import flash_attn.cute; print('fa4 ok')" 2>&1 | tail -1
+    SKIP_TESTS=1 VARIANTS="decode full fullfold" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=170 \
+      ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
   *) echo "unknown CALL $CALL"; exit 2 ;;
 esac
