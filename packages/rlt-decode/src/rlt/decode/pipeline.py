@@ -60,6 +60,8 @@ class _Run:
     Row i of every step of the run is request i's."""
 
     requests: tuple
+    #: one placeholder row per request: whom a fault in a device-planned step aborts (built once per run)
+    fault_rows: tuple
     #: requests waiting when the host planned the first step, and whether the policy then said why
     #: they could not be admitted (``blocked_reason``: the step budget or KV blocks, which only a
     #: finish, ending the run anyway, changes)
@@ -124,7 +126,8 @@ class PipelinedStepLoop:
         handle = launched.handle if launched.error is None else None
         if getattr(handle, "opens_run", False):  # exits read later; the device may plan what follows
             s = core.scheduler
-            self._run = _Run(tuple(r.request for r in launched.batch.rows), s.num_waiting, s.blocked_reason is not None)
+            rows = launched.batch.rows
+            self._run = _Run(tuple(r.request for r in rows), rows, s.num_waiting, s.blocked_reason is not None)
             return outputs + self._push(core, launched, self._run)
         shape = getattr(handle, "shape", None)
         if shape is None:  # synchronous (or failed): everything launched before it completes first
@@ -159,8 +162,7 @@ class PipelinedStepLoop:
 
     def _continue(self, core) -> list:
         run = self._run
-        rows = [Row(r, r.slot, 0, 1, 0, samples=True, in_prompt=False) for r in run.requests]  # whom a fault aborts
-        launched = core.launch_planned(rows, core.executor.continue_open)
+        launched = core.launch_planned(run.fault_rows, core.executor.continue_open)
         return self._push(core, launched, run) + core.take_outputs()
 
     def _push(self, core, launched, run: _Run | None) -> list:
