@@ -183,23 +183,22 @@ class StaticDecodeBuffers:
         the bucket only, nothing read on the host: capturable as a graph per bucket. The rows are
         plain one-token decode rows (state and token entry = slot) whose pages for every position
         they can reach are mapped (all-at-admission allocation)."""
-        i64, i32 = self._i64[:, :bucket], self._i32[:, :bucket]  # the fields (I64 / I32 order), read whole
-        c64, c32 = {k: i for i, k in enumerate(I64)}, {k: i for i, k in enumerate(I32)}
+        old64 = dict(zip(I64, self._i64[:, :bucket]))  # each field's rows, by name
+        old32 = dict(zip(I32, self._i32[:, :bucket]))
         e = exited[:bucket].bool()
-        slot = i64[c64["slot"]]
-        depth = torch.where(e, 0, i32[c32["depth"]] + 1)
-        pos = i64[c64["position"]] + e.long()
+        slot = old64["slot"]
+        depth = torch.where(e, 0, old32["depth"] + 1)
+        pos = old64["position"] + e.long()
         page = pos // block_size
         off = pos - page * block_size
         planes, pages = self.tables.shape[1:]
         first = slot * (planes * pages) + page  # plane 0's entry; the row's plane is ``depth`` pages on
         entries = torch.stack([first if shared else first + depth.long() * pages, first])
         addr = self.tables.view(-1).index_select(0, entries.view(-1)).view(2, bucket).long() * block_size + off
-        new64 = dict(zip(I64, i64))
-        new64.update(token=torch.where(e, slot, new64["token"]), from_device=torch.where(e, 1, new64["from_device"]),
-                     position=pos, slot_mapping=addr[0], plane0=addr[1])
-        new32 = dict(zip(I32, i32))
-        new32.update(seq_len=(pos + 1).int(), depth=depth, loop=depth + 1)
+        new64 = {**old64, "token": torch.where(e, slot, old64["token"]),
+                 "from_device": torch.where(e, 1, old64["from_device"]),
+                 "position": pos, "slot_mapping": addr[0], "plane0": addr[1]}
+        new32 = {**old32, "seq_len": (pos + 1).int(), "depth": depth, "loop": depth + 1}
         rows = self._rows[:bucket]
         pad = torch.where(rows < num_rows, rows, 0)
         self._i64[:, :bucket].copy_(torch.stack([new64[k] for k in I64]).index_select(1, pad))
@@ -255,8 +254,9 @@ class StaticBatchBuilder(Wrapped):
         #: decode steps whose exits are host-known are lagged (the pipeline feature sets it)
         self.pipelined = pipelined
         #: decode steps of plain rows where a row may exit on the gate are open (read back lagged;
-        #: the device may plan the next ones): the pipeline's --pipeline-device-exit
-        self.device_exit = pipelined and device_exit
+        #: the device may plan the next ones): the pipeline's --pipeline-device-exit, when it can run
+        #: (``rlt.decode.feature.device_exit_off_reason``, which also needs the pipeline)
+        self.device_exit = device_exit
         self.kv = kv
         self.slots = slots
         self.layout = layout
