@@ -56,7 +56,6 @@ from rlt.attention.backend import AttentionBackend, BackendSpec
 from rlt.attention.kv_cache import KVCache, KVLayout, RowScatter, portable_row_scatter
 from rlt.attention.metadata import AttentionMetadata
 from rlt.attention.fold import fold_enabled
-
 from rlt.attention.pdl import kernel_options
 
 _LOG2E = 1.4426950408889634
@@ -95,6 +94,19 @@ def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 16
+
+
+def _has_tma(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can load through TMA descriptors: CUDA sm_90+ (not HIP; asked once per
+    device), or Triton's interpreter on CPU (tests)."""
+    if device.type == "cuda":
+        return _cuda_has_tma(device)
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def _cuda_has_tma(device: torch.device) -> bool:
+    return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 @functools.cache
@@ -225,9 +237,6 @@ class TritonBackend(AttentionBackend):
                 "(or set TRITON_INTERPRET=1 before importing Triton, as the tests do)"
             )
 
-    def _num_sms(self, device: torch.device) -> int:
-        return num_sms(device)
-
     def splits_for(self, rows: int, head_programs: int, max_seq_len: int, device: torch.device) -> int:
         """KV splits per row: enough programs for ~4 per SM, each split >= ``min_keys_per_split`` keys.
 
@@ -240,7 +249,7 @@ class TritonBackend(AttentionBackend):
         if self.num_splits is not None:
             return self.num_splits
         programs = max(1, rows * head_programs)
-        sms = self._num_sms(device)
+        sms = num_sms(device)
         if programs >= 2 * sms:
             return 1
         want = -(-4 * sms // programs)
@@ -367,12 +376,7 @@ class TritonBackend(AttentionBackend):
         the device has TMA (CUDA sm_90+; or the interpreter), the values are the cache's (same dtype), and
         every 2-D view ``[tokens, heads * head_dim]`` has a contiguous head_dim, 16-byte aligned rows and
         base, and a power-of-two head_dim of at most 256 (one TMA box)."""
-        if _tensor_descriptor() is None:
-            return False
-        if q.is_cuda:
-            if torch.version.hip is not None or torch.cuda.get_device_capability(q.device)[0] < 9:
-                return False
-        elif os.environ.get("TRITON_INTERPRET") != "1":
+        if _tensor_descriptor() is None or not _has_tma(q.device):
             return False
         d = q.shape[2]
         if d & (d - 1) or d > 256 or d * q.element_size() < 16:
