@@ -77,13 +77,12 @@ def _why_unusable(
     entry = BACKENDS[name]
     if entry.vendor == "nvidia" and platform.name != "cuda":
         return f"{name} is NVIDIA-only (platform is {platform.name})"
-    if name == "triton" and not platform.has(Capability.TRITON):
-        if platform.name == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
-            pass  # Triton's interpreter runs the kernels on CPU tensors (tests; never chosen by auto)
-        else:
-            return (f"platform {platform.name} does not declare Triton"
-                    + (" (TRITON_INTERPRET=1 runs its kernels in Triton's interpreter, for tests)"
-                       if platform.name == "cpu" else ""))
+    # on CPU, Triton's interpreter runs the kernels on CPU tensors (tests; auto never chooses it)
+    interpreted = platform.name == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+    if name == "triton" and not platform.has(Capability.TRITON) and not interpreted:
+        return (f"platform {platform.name} does not declare Triton"
+                + (" (TRITON_INTERPRET=1 runs its kernels in Triton's interpreter, for tests)"
+                   if platform.name == "cpu" else ""))
     if name == "ascend_eager" and platform.name not in ("npu", "cpu"):
         return "ascend_eager is the NPU backend"
     missing = entry.missing_modules()
