@@ -170,30 +170,43 @@ class PinnedRing:
         return e
 
 
-class LaggedStep:
-    """Handle of a step whose tokens are read back with a lag. ``shape`` (exits and token counts)
-    is host-known at launch; :meth:`result` waits for the copies if they have not completed."""
+class _RingHandle:
+    """A launched step's claim on one ring entry: :meth:`_read` takes its values once (waiting only if the
+    copies have not completed), freeing the entry."""
 
-    def __init__(self, shape: StepResult, entry: _Entry | None, stats: PipelineStats) -> None:
-        self.shape = shape
+    def __init__(self, entry: _Entry | None, stats: PipelineStats) -> None:
         self._entry = entry
         self._stats = stats
-        self._result: StepResult | None = None if entry is not None else shape
+        self._values: _Values | None = None
 
     def done(self) -> bool:
         e = self._entry
-        return self._result is not None or e.event is None or e.event.query()
+        return e is None or e.event is None or e.event.query()
+
+    def _read(self) -> _Values:
+        if self._values is None:
+            entry, self._entry = self._entry, None
+            self._values = entry.take(self._stats)
+        return self._values
+
+
+class LaggedStep(_RingHandle):
+    """Handle of a step whose tokens are read back with a lag. ``shape`` (exits and token counts)
+    is host-known at launch; :meth:`result` waits for the copies if they have not completed. No
+    entry: the step sampled nothing (its result is its shape)."""
+
+    def __init__(self, shape: StepResult, entry: _Entry | None, stats: PipelineStats) -> None:
+        super().__init__(entry, stats)
+        self.shape = shape
 
     def result(self) -> StepResult:
-        if self._result is None:
-            entry, self._entry = self._entry, None
-            v = entry.take(self._stats)
-            self._result = StepResult(self.shape.exited, self.shape.num_tokens, v.tokens, v.logprobs, v.top_ids,
-                                      v.top_logprobs)
-        return self._result
+        if self._entry is None and self._values is None:
+            return self.shape
+        v = self._read()
+        return StepResult(self.shape.exited, self.shape.num_tokens, v.tokens, v.logprobs, v.top_ids, v.top_logprobs)
 
 
-class OpenStep:
+class OpenStep(_RingHandle):
     """Handle of an *open* decode step: one whose exits the host does not know at launch (a row
     may exit on the gate) and that the device may have planned (rlt-decode's device-planned
     steps). Every row was sampled; the exit mask says whose token counts. :meth:`result_rows`
@@ -203,21 +216,6 @@ class OpenStep:
 
     #: the step loop keeps it in flight as the start (or next step) of a run of open steps
     opens_run = True
-
-    def __init__(self, entry: _Entry, stats: PipelineStats) -> None:
-        self._entry = entry
-        self._stats = stats
-        self._values: _Values | None = None
-
-    def done(self) -> bool:
-        e = self._entry
-        return self._values is not None or e.event is None or e.event.query()
-
-    def _read(self) -> _Values:
-        if self._values is None:
-            entry, self._entry = self._entry, None
-            self._values = entry.take(self._stats)
-        return self._values
 
     def release(self) -> None:
         """Free the ring entry without using the values (the step's requests are gone, or it failed)."""
