@@ -7,6 +7,8 @@
 #      test_fused_ops_gpu.py::test_split_k_folds_add_norm_norm, test_decode_gpu.py::test_device_side_switches_change_nothing)
 #   b  decode kernels: split-K + norm unfolded vs folded at 1/4/64 rows, decode attention merge vs folded merge;
 #      then rlt-decode end to end, default vs RLT_FOLD=1 (C=1, C=64; same build back to back)
+#   bc the end-to-end half of b and c in one call: rlt-decode default vs RLT_FOLD=1 vs RLT_PREFETCH=1 vs both
+#      (C=1, C=64; the fold tests run in a's suite)
 #   c  rlt-decode end to end, default vs RLT_PREFETCH=1 vs all three switches (+ RLT_DENSE_PREFILL: the
 #      prompts' attention), plus the C=128 1K/128 end-to-end workload for each
 #   d  self-speculation re-measured on this build (scripts/spec_h200.sh: d=1/2, K=2..8, measured acceptance)
@@ -50,6 +52,8 @@ case $CALL in
       --attention-cases 1x1024,64x1024 --out "$R/kernels.json" > "$R/kernels.log" 2>&1
     grep -E "^(qkv|o_proj|gate_up|down_proj|attention)" "$R/kernels.log" | tail -24
     SKIP_TESTS=1 VARIANTS="decode fold" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 OUT=$R bash scripts/decode_h200.sh ;;
+  bc)
+    SKIP_TESTS=1 VARIANTS="decode fold prefetch foldprefetch" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 OUT=$R bash scripts/decode_h200.sh ;;
   c)
     SKIP_TESTS=1 VARIANTS="decode prefetch all" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=170 \
       EXTRA_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=35,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
@@ -77,7 +81,7 @@ case $CALL in
   h)
     . scripts/install_carried_wheels.sh .whl/fa4a .whl/fa4b
     python3 -c "import flash_attn.cute; print('fa4 ok')" 2>&1 | tail -1
-    SKIP_TESTS=1 VARIANTS="decode full fullfold" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=170 \
+    SKIP_TESTS=1 VARIANTS="${H_VARIANTS:-full fullall decode}" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=${H_TIMEOUT:-170} \
       ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
   *) echo "unknown CALL $CALL"; exit 2 ;;
 esac
