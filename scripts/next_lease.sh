@@ -80,7 +80,11 @@ case $CALL in
     grep -E "^(qkv|gate_up)" "$R/tiles.log" | tail -8 ;;
   h)
     . scripts/install_carried_wheels.sh .whl/fa4a .whl/fa4b
-    python3 -c "import flash_attn.cute; print('fa4 ok')" 2>&1 | tail -1
+    if ! python3 -c "import flash_attn.cute" > "$R/fa4-import.log" 2>&1; then
+      echo "FA4 does not import (was .whl/fa4a carried by an earlier call of this machine?): running bc instead"
+      tail -3 "$R/fa4-import.log"; CALL=bc exec bash "$0"
+    fi
+    echo "fa4 ok"
     SKIP_TESTS=1 VARIANTS="${H_VARIANTS:-full fullall decode}" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=${H_TIMEOUT:-170} \
       ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
   *) echo "unknown CALL $CALL"; exit 2 ;;
