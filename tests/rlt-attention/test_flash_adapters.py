@@ -45,6 +45,14 @@ def dense_paged_attention(q, k_cache, v_cache, cu_q, kv_lens, page_table, scale,
     return out
 
 
+def dense_varlen_attention(q, k, v, cu_q, cu_k, scale, causal):
+    """FlashAttention's dense varlen call: row r's queries over its own keys ``k[cu_k[r]:cu_k[r+1]]``."""
+    lens = cu_k[1:] - cu_k[:-1]
+    table = torch.arange(k.shape[0], dtype=torch.int32)
+    tables = torch.stack([torch.cat([table[int(a):], table[:int(a)]]) for a in cu_k[:-1]])
+    return dense_paged_attention(q, k[:, None], v[:, None], cu_q, lens, tables, scale, causal)
+
+
 def _module(name: str, **attrs) -> types.ModuleType:
     mod = types.ModuleType(name)
     mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
@@ -63,7 +71,11 @@ def fake_fa4(monkeypatch, calls):
     def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                                max_seqlen_k=None, seqused_k=None, page_table=None, softmax_scale=None,
                                causal=False, **kw):
-        assert page_table is not None and cu_seqlens_k is None, "page_table excludes cu_seqlens_k"
+        if page_table is None:  # dense varlen: k, v [total_k, kv_heads, d]
+            calls.append(dict(dense=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal,
+                              max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k))
+            return dense_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal), None
+        assert cu_seqlens_k is None, "page_table excludes cu_seqlens_k"
         assert page_table.dtype == torch.int32 and page_table.stride(-1) == 1
         calls.append(dict(cu_seqlens_q=cu_seqlens_q, seqused_k=seqused_k, page_table=page_table,
                           softmax_scale=softmax_scale, causal=causal, max_seqlen_q=max_seqlen_q))
@@ -83,8 +95,14 @@ def fake_fa3(monkeypatch, calls):
         return dense_paged_attention(q, k_cache, v_cache, cu_seqlens_q, cache_seqlens, page_table, softmax_scale,
                                      causal)
 
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                               causal=False, **kw):
+        calls.append(dict(dense=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal))
+        return dense_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal)
+
     monkeypatch.setitem(sys.modules, "flash_attn_interface", _module(
-        "flash_attn_interface", flash_attn_with_kvcache=flash_attn_with_kvcache))
+        "flash_attn_interface", flash_attn_with_kvcache=flash_attn_with_kvcache,
+        flash_attn_varlen_func=flash_attn_varlen_func))
     return FA3Backend
 
 
@@ -92,6 +110,9 @@ def fake_fa3(monkeypatch, calls):
 def fake_fa2(monkeypatch, calls):
     def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                softmax_scale=None, causal=False, block_table=None, **kw):
+        if block_table is None:
+            calls.append(dict(dense=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, causal=causal))
+            return dense_varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal)
         assert k.shape[1] % 256 == 0, "Paged KV cache block size must be divisible by 256"
         lens = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
         calls.append(dict(cu_seqlens_k=cu_seqlens_k, max_seqlen_k=max_seqlen_k, causal=causal))
@@ -131,6 +152,42 @@ def test_fa4_arguments(fake_fa4, calls):
     # each row reads its own depth plane
     for r, (_, _, depth) in enumerate(ROWS):
         assert torch.equal(call["page_table"][r], pb.meta.block_tables[r, depth])
+
+
+def _step_kv(pb):
+    """The values a step stored at its new tokens' slots, dense ``[N, kv_heads, d]`` (the model's ``new_kv``)."""
+    flat = lambda t: t[pb.layer].reshape(-1, *t.shape[-2:])  # noqa: E731
+    return flat(pb.kv.k)[pb.meta.slot_mapping], flat(pb.kv.v)[pb.meta.slot_mapping]
+
+
+@pytest.mark.parametrize("fake, block_size", [("fake_fa4", 4), ("fake_fa3", 4), ("fake_fa2", 256)])
+@pytest.mark.parametrize("layout", list(KVLayout))
+def test_fresh_rows_read_the_steps_kv_densely(request, calls, monkeypatch, fake, block_size, layout):
+    """Rows starting at position 0 (``meta.fresh``) take the package's dense varlen call over ``new_kv`` with
+    ``cu_seqlens_k = cu_seqlens_q``; a step with earlier context, or the switch off, keeps the paged call."""
+    cls = request.getfixturevalue(fake)
+    fresh = random_problem([(7, 7, 0), (16, 16, 2), (1, 1, 1), (30, 30, 3)], num_heads=4, num_kv_heads=2,
+                           head_dim=16, block_size=block_size, num_planes=4, layout=layout, dtype=torch.bfloat16,
+                           num_layers=2, layer=1, seed=3)
+    assert fresh.meta.fresh and not _problem(layout, block_size=block_size).meta.fresh
+    got = cls(dense_fresh=True).forward(fresh.query, fresh.kv, fresh.layer, fresh.meta, fresh.scale,
+                                        new_kv=_step_kv(fresh))
+    want = REF.forward(fresh.query, fresh.kv, fresh.layer, fresh.meta, fresh.scale)
+    assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
+    (call,) = calls
+    assert call["dense"] and call["causal"] and call["cu_seqlens_k"] is fresh.meta.query_start_loc
+    assert call["cu_seqlens_q"] is fresh.meta.query_start_loc
+    calls.clear()
+    stale = _problem(layout, block_size=block_size)
+    assert _err(cls(dense_fresh=True), stale) < 1e-2  # earlier context: never dense
+    cls(dense_fresh=True).forward(stale.query, stale.kv, stale.layer, stale.meta, stale.scale, new_kv=_step_kv(stale))
+    monkeypatch.delenv("RLT_DENSE_PREFILL", raising=False)
+    off = cls()
+    assert not off.takes_new_kv  # off by default until measured on the H200
+    off.forward(fresh.query, fresh.kv, fresh.layer, fresh.meta, fresh.scale)
+    assert not any(c.get("dense") for c in calls)
+    monkeypatch.setenv("RLT_DENSE_PREFILL", "1")
+    assert cls().takes_new_kv
 
 
 def test_fa2_builds_cumulative_kv_lengths(fake_fa2, calls):

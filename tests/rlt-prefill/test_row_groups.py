@@ -62,6 +62,53 @@ def test_prompt_rows_on_plane_local_backend_are_exact_under_adaptive_exit(tiny_c
     assert prompt_backend.rows_seen > 0
 
 
+class DenseFreshPlaneLocal(CountingPlaneLocal):
+    """FlashAttention's dense varlen call in Torch for fresh calls (``meta.fresh``): each row attends over
+    the step's K/V only (``new_kv``), never the pages — what ``FA4Backend(dense_fresh=True)`` does."""
+
+    takes_new_kv = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense_calls = self.paged_calls = 0
+
+    def forward(self, query, kv, layer, meta, scale, new_kv=None):
+        if new_kv is None or not meta.fresh:
+            self.paged_calls += 1
+            return super().forward(query, kv, layer, meta, scale)
+        self.dense_calls += 1
+        k, v = new_kv
+        group = query.shape[1] // k.shape[1]
+        out = torch.empty_like(query)
+        qsl = meta.query_start_loc.tolist()
+        for a, b in zip(qsl[:-1], qsl[1:]):
+            kk, vv = (t[a:b].repeat_interleave(group, 1).transpose(0, 1) for t in (k, v))
+            scores = query[a:b].transpose(0, 1) @ kk.transpose(1, 2) * scale
+            scores = scores.masked_fill(torch.ones(b - a, b - a, dtype=torch.bool).triu(1), float("-inf"))
+            out[a:b] = (scores.softmax(-1) @ vv).transpose(0, 1)
+        return out.reshape(query.shape[0], -1)
+
+
+@pytest.mark.parametrize("chunk,budget", [(5, 12), (0, 64)], ids=["chunked", "whole-prompts"])
+def test_fresh_prompt_rows_read_the_steps_kv_densely_and_stay_exact(tiny_checkpoint, chunk, budget):
+    """Prompt rows that start at position 0 (whole prompts, first chunks) take the dense call over the
+    step's K/V; later chunks (earlier context in the pages) and mixed groups keep the paged call. Exact
+    under adaptive exit; a fresh flag set on a later chunk would drop its context and change tokens."""
+    path = tiny_checkpoint(seed=7, gate_bias=1.0, num_key_value_heads=2)
+    prompt_backend = DenseFreshPlaneLocal()
+    engine = _engine(path, lambda b, o: install_packed_prefill(b, PackedPrefillOptions(), prompt_backend=prompt_backend),
+                     wavefront=True, chunk=chunk, budget=budget)
+    assert engine.ctx.parts.executor.attention.takes_new_kv
+    ps = prompts((23, 6, 17, 11), seed=4)
+    outs = run(engine, ps, ADAPTIVE, arrive_every=3)
+    for o, (want, depths) in zip(outs, oracle(path, ps, ADAPTIVE)):
+        assert (list(o.token_ids), list(o.exit_depths)) == (want, depths)
+    assert any(d < 4 for o in outs for d in o.exit_depths[1:]), "no early exit: the test proves nothing"
+    assert prompt_backend.dense_calls > 0
+    if chunk:
+        assert prompt_backend.paged_calls > 0, "no later chunk: the paged fallback was not exercised"
+
+
 def test_plane_local_backend_on_decode_rows_breaks_adaptive_exit(tiny_checkpoint):
     """The control: FlashAttention semantics for every row differ from the oracle after early exits."""
     path = tiny_checkpoint(seed=7, gate_bias=1.0, num_key_value_heads=2)

@@ -95,3 +95,12 @@ class AttentionBackend(abc.ABC):
 
     def describe(self) -> str:
         return self.name
+
+
+def forward_with_new_kv(backend: AttentionBackend, query: torch.Tensor, kv: KVCache, layer: int,
+                        meta: AttentionMetadata, scale: float,
+                        new_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """``backend.forward``, handing it the step's K/V only when it takes them (``takes_new_kv``)."""
+    if new_kv is not None and backend.takes_new_kv:
+        return backend.forward(query, kv, layer, meta, scale, new_kv=new_kv)
+    return backend.forward(query, kv, layer, meta, scale)

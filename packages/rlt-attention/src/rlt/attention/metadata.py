@@ -39,6 +39,10 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     layout: KVLayout
+    #: Host-side: True only when every row starts at position 0 (its context is exactly its own new
+    #: tokens), so attention over this step's K/V alone (a backend's ``new_kv``) equals attention over
+    #: the pages. False when some row has earlier context, or when the builder does not know.
+    fresh: bool = False
     #: Backend-owned per-step state set by ``AttentionBackend.prepare`` (None until then): the Triton
     #: backend's depth-resolved key slots ``[R, max_seq_len]`` int32, resolved once for every layer.
     resolved_slots: torch.Tensor | None = None

@@ -115,5 +115,6 @@ def random_problem(
         max_query_len=int(qlen.max()) if len(rows) else 0,
         max_seq_len=int(ctx.max()) if len(rows) else 0,
         layout=layout,
+        fresh=bool(len(rows)) and bool((ctx == qlen).all()),
     )
     return Problem(query=query, kv=kv, meta=meta, layer=layer, scale=head_dim ** -0.5)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from rlt.attention import AttentionBackend, AttentionMetadata, KVCache, KVLayout
+from rlt.attention.backend import forward_with_new_kv
 from rlt.attention.backends.flash import row_plane_page_table
 from rlt.attention.backends.torch_ref import TorchReferenceBackend
 from rlt.platform.engine.interfaces import Row, Wrapped
@@ -48,6 +49,8 @@ class RowGroups:
     other_qsl: torch.Tensor
     other_max_query_len: int
     other_max_seq_len: int
+    prompt_fresh: bool = False  # host: every prompt row starts at position 0 (AttentionMetadata.fresh)
+    other_fresh: bool = False
 
     @property
     def num_prompt_rows(self) -> int:
@@ -75,7 +78,8 @@ def _group(lens: np.ndarray, seq: np.ndarray, cu: np.ndarray, sel: np.ndarray) -
     row_of = np.repeat(np.arange(len(rows)), glen)
     tokens = cu[rows][row_of] + (np.arange(n) - qsl[:-1][row_of])
     return {"rows": rows.astype(np.int64), "tokens": tokens.astype(np.int64), "qsl": qsl,
-            "max_q": int(glen.max()) if len(glen) else 0, "max_s": int(seq[rows].max()) if len(rows) else 0}
+            "max_q": int(glen.max()) if len(glen) else 0, "max_s": int(seq[rows].max()) if len(rows) else 0,
+            "fresh": bool(len(rows)) and bool((seq[rows] == glen).all())}
 
 
 def row_groups(rows: Sequence[Row], uploader) -> RowGroups:
@@ -89,11 +93,11 @@ def row_groups(rows: Sequence[Row], uploader) -> RowGroups:
     dev = uploader.upload({"p_rows": p["rows"], "p_tokens": p["tokens"], "p_qsl": p["qsl"],
                            "o_rows": o["rows"], "o_tokens": o["tokens"], "o_qsl": o["qsl"]})
     return RowGroups(dev["p_rows"], dev["p_tokens"], dev["p_qsl"], p["max_q"], p["max_s"],
-                     dev["o_rows"], dev["o_tokens"], dev["o_qsl"], o["max_q"], o["max_s"])
+                     dev["o_rows"], dev["o_tokens"], dev["o_qsl"], o["max_q"], o["max_s"], p["fresh"], o["fresh"])
 
 
 def select_rows(meta: AttentionMetadata, rows: torch.Tensor, tokens: torch.Tensor, qsl: torch.Tensor,
-                max_query_len: int, max_seq_len: int) -> AttentionMetadata:
+                max_query_len: int, max_seq_len: int, fresh: bool = False) -> AttentionMetadata:
     """The metadata of a subset of a step's rows (device gathers; no host sync)."""
     return AttentionMetadata(
         query_start_loc=qsl, seq_lens=meta.seq_lens.index_select(0, rows),
@@ -102,7 +106,7 @@ def select_rows(meta: AttentionMetadata, rows: torch.Tensor, tokens: torch.Tenso
         plane0_slot_mapping=meta.plane0_slot_mapping.index_select(0, tokens),
         token_query_depth=meta.token_query_depth.index_select(0, tokens),
         positions=meta.positions.index_select(0, tokens),
-        max_query_len=max_query_len, max_seq_len=max_seq_len, layout=meta.layout,
+        max_query_len=max_query_len, max_seq_len=max_seq_len, layout=meta.layout, fresh=fresh,
     )
 
 
@@ -145,29 +149,35 @@ class PromptRowGroups(AttentionBackend):
         if g is None:  # only prompt rows (a long prefill): the prompt backend takes the step whole
             return attrs.evolve(meta, parts=(self.prompt.prepare(kv, meta), None))
         pm = select_rows(meta, g.prompt_rows, g.prompt_tokens, g.prompt_qsl, g.prompt_max_query_len,
-                         g.prompt_max_seq_len)
-        om = select_rows(meta, g.other_rows, g.other_tokens, g.other_qsl, g.other_max_query_len, g.other_max_seq_len)
+                         g.prompt_max_seq_len, g.prompt_fresh)
+        om = select_rows(meta, g.other_rows, g.other_tokens, g.other_qsl, g.other_max_query_len, g.other_max_seq_len,
+                         g.other_fresh)
         return attrs.evolve(meta, parts=(self.prompt.prepare(kv, pm), self.other.prepare(kv, om)))
 
     def write_kv(self, kv: KVCache, layer: int, key: torch.Tensor, value: torch.Tensor,
                  meta: AttentionMetadata) -> None:
         self.other.write_kv(kv, layer, key, value, meta)
 
+    @property
+    def takes_new_kv(self) -> bool:
+        return self.prompt.takes_new_kv or self.other.takes_new_kv
+
     def forward(self, query: torch.Tensor, kv: KVCache, layer: int, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, new_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         parts = getattr(meta, "parts", None)
         if parts is None:
-            return self.other.forward(query, kv, layer, meta, scale)
+            return forward_with_new_kv(self.other, query, kv, layer, meta, scale, new_kv)
         pm, om = parts
         if om is None:
-            return self.prompt.forward(query, kv, layer, pm, scale)
+            return forward_with_new_kv(self.prompt, query, kv, layer, pm, scale, new_kv)
         g = meta.groups
         n, nh, d = query.shape
         out = query.new_empty((n, nh * d))
-        out.index_copy_(0, g.prompt_tokens, self.prompt.forward(query.index_select(0, g.prompt_tokens), kv, layer,
-                                                                pm, scale))
-        out.index_copy_(0, g.other_tokens, self.other.forward(query.index_select(0, g.other_tokens), kv, layer,
-                                                              om, scale))
+        for backend, tokens, part in ((self.prompt, g.prompt_tokens, pm), (self.other, g.other_tokens, om)):
+            part_kv = None if new_kv is None or not backend.takes_new_kv else \
+                (new_kv[0].index_select(0, tokens), new_kv[1].index_select(0, tokens))
+            out.index_copy_(0, tokens, forward_with_new_kv(backend, query.index_select(0, tokens), kv, layer, part,
+                                                           scale, part_kv))
         return out
 
 

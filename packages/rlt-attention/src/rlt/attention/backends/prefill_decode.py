@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from rlt.attention.backend import AttentionBackend, BackendSpec
+from rlt.attention.backend import AttentionBackend, BackendSpec, forward_with_new_kv
 from rlt.attention.kv_cache import KVCache
 from rlt.attention.metadata import AttentionMetadata
 
@@ -60,10 +60,14 @@ class PrefillDecodeBackend(AttentionBackend):
                  meta: AttentionMetadata) -> None:
         self.decode.write_kv(kv, layer, key, value, meta)
 
+    @property
+    def takes_new_kv(self) -> bool:
+        return self.prefill.takes_new_kv or self.decode.takes_new_kv
+
     def forward(self, query: torch.Tensor, kv: KVCache, layer: int, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
+                scale: float, new_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         backend = self.prefill if meta.max_query_len > 1 else self.decode
-        return backend.forward(query, kv, layer, meta, scale)
+        return forward_with_new_kv(backend, query, kv, layer, meta, scale, new_kv)
 
     def describe(self) -> str:
         return f"{self.prefill.describe()} for steps with prompt chunks, {self.decode.describe()} for decode-only steps"

@@ -132,6 +132,7 @@ class RowBatchBuilder:
             max_query_len=int(lens.max()) if len(lens) else 0,
             max_seq_len=int(seq_lens.max()) if len(seq_lens) else 0,
             layout=self.layout,
+            fresh=bool(len(starts)) and not starts.any(),
         )
         return StepBatch(
             rows=rows, slots=slots, depth=depth, num_depth0=num_depth0, num_single=num_single,

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from rlt.attention import AttentionBackend, AttentionMetadata, KVCache
+from rlt.attention.backend import forward_with_new_kv
 from rlt.platform.errors import CheckpointError
 from rlt.platform.models.base import LoopedModel, ModelShape, no_exit_gate
 from rlt.platform.models.fused_linear import linear_rope_kv, linear_split_k
@@ -206,9 +207,8 @@ class StackModel(LoopedModel):
         if not stored:
             attention.write_kv(kv, idx, k, v, meta)
         # a backend that can read fresh prompt rows' keys densely gets the K/V just stored (AttentionBackend.takes_new_kv)
-        extra = {"new_kv": (k, v)} if attention.takes_new_kv else {}
-        return (linear_split_k if split_k else F.linear)(attention.forward(q, kv, idx, meta, self.scale, **extra),
-                                                         layer.o)
+        out = forward_with_new_kv(attention, q, kv, idx, meta, self.scale, (k, v))
+        return (linear_split_k if split_k else F.linear)(out, layer.o)
 
     def exit_logit(self, hidden: torch.Tensor) -> torch.Tensor:
         """No gate (a family with one overrides this): the exit probability never accumulates."""
