@@ -14,7 +14,7 @@
 # with weight L2 prefetch before the PDL wait, RLT_PREFETCH=1; dense = rlt-decode with fresh prompt rows read
 # densely through TMA, RLT_DENSE_PREFILL=1; all = fold + prefetch + dense; devexit = rlt-decode with device-planned
 # steps under adaptive exit, --pipeline-device-exit; full = rlt-decode and rlt-prefill composed (FA4 for prompt rows
-# when it imports: carry and install its wheels first); fullfold = full with RLT_FOLD=1; fullall = full with RLT_FOLD=1 and RLT_PREFETCH=1; copy = rlt-decode with step metadata copied,
+# when it imports: carry and install its wheels first); fullfold = full with RLT_FOLD=1; fullall = full with RLT_FOLD=1 and RLT_PREFETCH=1; fulldense = full with fresh prompt rows read densely, RLT_DENSE_PREFILL=1 (FA4's dense varlen call); copy = rlt-decode with step metadata copied,
 # RLT_UVA=0, instead of read by the mapped-memory kernel), BENCH_ARGS (e.g. --no-sync-steps: no device
 # synchronise after each step, which a pipelined loop needs to overlap), KERNELS=1 (first the kernel
 # micro-benchmarks, benchmarks/decode_kernels.py, with KERNEL_ARGS), PROFILE="c=1,in=1024 ..." (a
@@ -66,6 +66,7 @@ for variant in ${VARIANTS:-base decode}; do
     full) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features) ;;
     fullfold) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); foldv=1 ;;
     fullall) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); foldv=1; prefetch=1 ;;
+    fulldense) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); dense=1 ;;
   esac
   RLT_DENSE_PREFILL=$dense RLT_FOLD=$foldv RLT_PREFETCH=$prefetch RLT_PDL=$pdl RLT_SPLIT_K=$split RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
     --work-dir /tmp/rlt-bench --out-dir "$OUT/$variant" --reps 3 --warmup-output-len 4 "${extra[@]}" ${BENCH_ARGS:-} "${WORKLOADS[@]}" \

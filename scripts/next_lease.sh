@@ -22,8 +22,10 @@
 #      (4 warps) and 64-wide ones (8 warps) x K splits 1/2/4 (benchmarks/decode_kernels.py's sweep); at 64 rows
 #      the default 32-wide tiles load as many activation bytes as weight bytes per program (C=64: the
 #      projections take ~1.1 of 4.55 ms per loop step at ~2-2.8 TB/s) — a better shape becomes fused_linear._tiles
-#   h  C=128 1K/128 end to end (the issue's e2e target, 2,500 tok/s) with every feature package composed as a server
-#      would (rlt-decode + rlt-prefill: FA4 for the prompt rows), default vs RLT_FOLD=1; lease 7 measured it with
+#   h  FA4 installed: the FA4 GPU tests (incl. the dense varlen call for fresh prompt rows), 8K prefill with FA4 for
+#      prompt rows paged vs dense (RLT_DENSE_PREFILL=1; issue 11's 45,000 tok/s), then C=128 1K/128 end to end (the
+#      issue's e2e target, 2,500 tok/s) with every feature package composed as a server
+#      would (rlt-decode + rlt-prefill: FA4 for the prompt rows), paged vs dense; lease 7 measured it with
 #      rlt-decode alone on Triton (2,313). FA4's wheels: carry .whl/fa4a in an earlier call of the lease and
 #      .whl/fa4b in this one (64 MiB per call; the warm machine keeps both), as lease 7's calls c and d did
 # Then: flip rlt.attention.fold.DEFAULT / the prefetch / dense-prefill defaults only if they pay, and record
@@ -85,7 +87,15 @@ case $CALL in
       tail -3 "$R/fa4-import.log"; CALL=bc exec bash "$0"
     fi
     echo "fa4 ok"
-    SKIP_TESTS=1 VARIANTS="${H_VARIANTS:-full fullall decode}" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=${H_TIMEOUT:-170} \
+    timeout 100 python3 -m pytest tests/gpu/test_flash_gpu.py tests/gpu/test_prefill_gpu.py -m gpu -q -p no:cacheprovider \
+      -o addopts="" -rfE -k "dense_fresh or fa4" > "$R/fa4-tests.log" 2>&1
+    grep -E "passed|failed|^FAILED|^ERROR" "$R/fa4-tests.log" | tail -6
+    for dense in 0 1; do
+      RLT_DENSE_PREFILL=$dense timeout 80 python3 -m benchmarks.prefill_bench --workload single profile --reps 3 \
+        > "$R/prefill8k-fa4-dense$dense.log" 2>&1
+      echo "== 8K FA4 dense $dense"; grep -E '"workload": "single"' "$R/prefill8k-fa4-dense$dense.log" | tail -1 | cut -c1-200
+    done
+    SKIP_TESTS=1 VARIANTS="${H_VARIANTS:-full fulldense}" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=${H_TIMEOUT:-150} \
       ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
   *) echo "unknown CALL $CALL"; exit 2 ;;
 esac

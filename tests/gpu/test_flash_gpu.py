@@ -76,6 +76,31 @@ def test_flash_matches_reference(name, layout, heads, case):
 
 
 @pytest.mark.parametrize("name", FLASH)
+@pytest.mark.parametrize("layout", list(KVLayout))
+@pytest.mark.parametrize("heads", [(16, 16), (16, 4)], ids=["mha", "gqa4"])
+def test_flash_dense_fresh_rows_match_reference_and_paged(name, layout, heads):
+    """Fresh prompt rows through the dense varlen call over the step's K/V (``dense_fresh``): within the bf16
+    bound of the reference, and of the paged call on the same data."""
+    pb = _problem([(8192, 8192, 3), (1000, 1000, 0), (77, 77, 2), (1, 1, 1)], name, layout, heads,
+                  seed=random.randrange(1 << 30))
+    assert pb.meta.fresh
+    flat = lambda t: t[pb.layer].reshape(-1, *t.shape[-2:])  # noqa: E731
+    new_kv = (flat(pb.kv.k)[pb.meta.slot_mapping], flat(pb.kv.v)[pb.meta.slot_mapping])
+    want = REF.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale)
+    dense = create_backend(name, dense_fresh=True).forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale,
+                                                           new_kv=new_kv)
+    paged = create_backend(name, dense_fresh=False).forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale,
+                                                            new_kv=new_kv)
+    torch.cuda.synchronize()
+    for got in (dense, paged):
+        assert not torch.isnan(got).any()
+    err = ((dense.float() - want.float()).norm() / want.float().norm()).item()
+    vs_paged = ((dense.float() - paged.float()).norm() / paged.float().norm()).item()
+    print(f"{name} dense fresh {layout.value} heads={heads}: rel_err={err:.3e}, vs paged {vs_paged:.3e}")
+    assert err < TOL_BF16 and vs_paged < TOL_BF16
+
+
+@pytest.mark.parametrize("name", FLASH)
 def test_flash_strict_refuses_shallower_history(name):
     pb = _problem(MIXED, name, KVLayout.LAST_EXITED, (16, 16), history="mixed", seed=3)
     with pytest.raises(RuntimeError, match="exited shallower"):
