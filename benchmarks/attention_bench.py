@@ -3,7 +3,7 @@
     python benchmarks/attention_bench.py --out attention_bench.json [--sweep]
 
 Cases (the issue's targets): paged decode, 64 rows x 4K context and 1 row x 32K context (>= 70% of
-copy bandwidth), and one 8K-token causal prefill (>= 50% of the bf16 matmul rate). KV is paged
+copy bandwidth), and one 8K-token causal prefill (>= 60% of the bf16 matmul rate, issue 11). KV is paged
 (block 16, the engine default), LAST_EXITED with 4 depth planes, rows at depth 3 over full-depth
 history (fixed-depth serving), so every key goes through the in-kernel version-map indirection.
 
@@ -40,7 +40,7 @@ for sub in ("packages/rlt-attention/src", "packages/rlt-platform/src"):
         sys.path.insert(0, str(ROOT / sub))
 
 HEADS, HEAD_DIM, BLOCK = 16, 128, 16
-TARGETS = {"decode": 0.70, "prefill": 0.50}
+TARGETS = {"decode": 0.70, "prefill": 0.60}  # issue 11: Triton alone >= 60 % of the matmul rate at 8K
 
 
 def med3(fn, graph: bool = False) -> list[float]:
@@ -165,7 +165,12 @@ def flash_rows(ceil) -> list[dict]:
         try:
             out += bench_decode(f"{name} decode 64x4096", 64, 4096, ceil, backend, graph=False, block_size=bs)
             out += bench_decode(f"{name} decode 1x32768", 1, 32768, ceil, backend, graph=False, block_size=bs)
-            out.append(bench_prefill(f"{name} prefill 8192", 8192, ceil, backend, block_size=bs))
+            # a fresh prompt: the dense varlen call over the step's K/V where it is the adapter's default (FA4)
+            out.append(bench_prefill(f"{name} prefill 8192" + (" dense" if backend.takes_new_kv else ""), 8192, ceil,
+                                     backend, block_size=bs))
+            if backend.takes_new_kv:
+                out.append(bench_prefill(f"{name} prefill 8192 paged", 8192, ceil,
+                                         create_backend(name, dense_fresh=False), block_size=bs))
         except Exception as exc:  # noqa: BLE001 - an adapter failing is a result to report, not fatal here
             out.append({"name": f"{name} (failed)", "error": repr(exc)[:400]})
         torch.cuda.empty_cache()
@@ -279,8 +284,9 @@ def main(argv=None) -> int:
     rows = []
     rows += bench_decode("decode 64x4096", 64, 4096, ceil, backend)
     rows += bench_decode("decode 1x32768", 1, 32768, ceil, backend)
-    rows.append(bench_prefill("prefill 8192", 8192, ceil, backend))
-    # the fresh 8K prompt's keys read densely through TMA (RLT_DENSE_PREFILL; sm_90+, off by default)
+    # the paged kernel (every prompt row with history takes it) and the fresh 8K prompt's keys read densely
+    # through TMA (the default on sm_90+; RLT_DENSE_PREFILL=0 turns it off)
+    rows.append(bench_prefill("prefill 8192", 8192, ceil, TritonBackend(dense_prefill=False)))
     rows.append(bench_prefill("prefill 8192 dense (TMA)", 8192, ceil, TritonBackend(dense_prefill=True)))
     rows += flash_rows(ceil)
     rows += sdpa_rows(ceil)

@@ -234,11 +234,12 @@ def test_selection_on_this_gpu_prefers_triton_for_last_exited():
 def test_engine_fp32_chunked_prefill_small_pages(tiny_checkpoint, backend, layout, kw, monkeypatch):
     """Prompts up to 40 tokens in chunks of <= 48 batched tokens over 4-token pages: rows with history,
     mixed prefill + decode steps, page boundaries; greedy tokens and exit depths equal the oracle.
-    ``triton-dense``: the Triton backend with fresh prompt rows' keys read densely (RLT_DENSE_PREFILL=1)."""
+    ``triton``: every prompt row on the paged kernel (RLT_DENSE_PREFILL=0); ``triton-dense``: the default, fresh
+    prompt rows' keys read densely."""
     from rlt.platform import EngineConfig, LLMEngine, SamplingParams
 
+    monkeypatch.setenv("RLT_DENSE_PREFILL", "0" if backend == "triton" else "1")
     if backend == "triton-dense":
-        monkeypatch.setenv("RLT_DENSE_PREFILL", "1")
         backend = "triton"
     if backend == "triton-fold":  # every last-arriver fold engaged (K ranges short enough to split here)
         from rlt.attention import fold

@@ -182,8 +182,10 @@ def test_fresh_rows_read_the_steps_kv_densely(request, calls, monkeypatch, fake,
     assert _err(cls(dense_fresh=True), stale) < 1e-2  # earlier context: never dense
     cls(dense_fresh=True).forward(stale.query, stale.kv, stale.layer, stale.meta, stale.scale, new_kv=_step_kv(stale))
     monkeypatch.delenv("RLT_DENSE_PREFILL", raising=False)
+    assert cls().takes_new_kv is (cls is FA4Backend)  # on by default where measured (FA4 on the H200)
+    monkeypatch.setenv("RLT_DENSE_PREFILL", "0")
     off = cls()
-    assert not off.takes_new_kv  # off by default until measured on the H200
+    assert not off.takes_new_kv
     off.forward(fresh.query, fresh.kv, fresh.layer, fresh.meta, fresh.scale)
     assert not any(c.get("dense") for c in calls)
     monkeypatch.setenv("RLT_DENSE_PREFILL", "1")

@@ -137,9 +137,12 @@ def test_dense_prefill_reads_fresh_rows_through_tma_descriptors(layout, heads, r
     assert rel_err(got, plain) < TOL[dtype]
 
 
-def test_dense_prefill_is_off_unless_asked_and_usable(monkeypatch):
+def test_dense_prefill_is_on_unless_refused_and_used_only_where_usable(monkeypatch):
     monkeypatch.delenv("RLT_DENSE_PREFILL", raising=False)
-    assert TritonBackend().takes_new_kv is False                     # off by default until measured
+    assert TritonBackend().takes_new_kv is True                      # on by default (measured on the H200)
+    monkeypatch.setenv("RLT_DENSE_PREFILL", "0")
+    assert TritonBackend().takes_new_kv is False
+    assert TritonBackend(dense_prefill=True).takes_new_kv is True    # an explicit argument wins
     monkeypatch.setenv("RLT_DENSE_PREFILL", "1")
     assert TritonBackend().takes_new_kv is True
     q = torch.zeros(8, 2, 16)

@@ -216,17 +216,35 @@ def test_fault_in_a_device_planned_step(tiny_checkpoint):
     assert planned.stats().num_free_kv_blocks == planned.stats().num_kv_blocks
 
 
-def test_off_by_default_and_off_reasons(tiny_checkpoint):
-    """Off by default, with its reason; on when asked. (Off with preemption: the composition test
-    with rlt-kvcache, tests/integration/test_device_exit_compose.py.)"""
-    from rlt.decode.feature import PipelineOptions
+def test_default_on_a_gpu_off_on_cpu_and_off_reasons(tiny_checkpoint):
+    """By default on where the device runs apart from the host (a GPU), off on CPU with its reason; on
+    when asked, off when refused. (Off with preemption: the composition test with rlt-kvcache,
+    tests/integration/test_device_exit_compose.py.)"""
+    import types
+
+    import torch
+
+    from rlt.decode.feature import PipelineOptions, device_exit_off_reason
 
     path = tiny_checkpoint(seed=1)
     _, plain, planned = engines(path)
-    assert device_exit_info(plain) == {"enabled": False, "off_reason": "--pipeline-device-exit off", "open_steps": 0,
+    assert PipelineOptions().device_exit is None
+    assert device_exit_info(plain) == {"enabled": False, "off_reason": "off by default on CPU (no host/device "
+                                       "overlap to win; --pipeline-device-exit turns it on)", "open_steps": 0,
                                        "device_planned_steps": 0, "ends": {}}
     assert device_exit_info(planned)["enabled"]
-    assert PipelineOptions().device_exit is False
+    _, _, refused = engines(path, device_exit=False)
+    assert device_exit_info(refused)["off_reason"] == "--no-pipeline-device-exit"
+
+    sampler = planned.ctx.parts.sampler
+    def ctx(device, **options):
+        return types.SimpleNamespace(device=torch.device(device), feature_options=options,
+                                     parts=types.SimpleNamespace(sampler=sampler))
+    assert device_exit_off_reason(ctx("cuda", pipeline=PipelineOptions())) == ""
+    assert device_exit_off_reason(ctx("cuda", pipeline=PipelineOptions(device_exit=False))) == "--no-pipeline-device-exit"
+    assert device_exit_off_reason(ctx("cpu", pipeline=PipelineOptions(device_exit=True))) == ""
+    assert "preemption" in device_exit_off_reason(ctx("cuda", pipeline=PipelineOptions(), preemption=object()))
+    assert device_exit_off_reason(ctx("cuda")) == "pipeline feature off"
 
 
 def test_a_running_request_without_a_row_is_not_starved(tiny_checkpoint):

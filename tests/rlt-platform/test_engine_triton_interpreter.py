@@ -1,7 +1,7 @@
 """The engine with the Triton attention backend on CPU, its kernels run by Triton's interpreter
 (``TRITON_INTERPRET=1`` lets the CPU platform select ``triton`` explicitly; ``auto`` never does): fp32
 greedy tokens equal the oracle with mixed prefill + decode steps, also with fresh prompt rows read densely
-(``RLT_DENSE_PREFILL=1``) and with split attention merged in the decode kernel (``RLT_FOLD=1``) — the
+(the default; ``RLT_DENSE_PREFILL=0`` keeps them on the paged kernel) and with split attention merged in the decode kernel (``RLT_FOLD=1``) — the
 attention-side options exercised inside the engine, not only kernel by kernel."""
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ SCRIPT = textwrap.dedent("""
 BOTH = {"RLT_DENSE_PREFILL": "1", "RLT_FOLD": "1"}
 
 
-@pytest.mark.parametrize("env,tau", [({}, 1.0), ({"RLT_DENSE_PREFILL": "1"}, 1.0), ({"RLT_FOLD": "1"}, 1.0), (BOTH, 0.5)],
+PAGED = {"RLT_DENSE_PREFILL": "0"}
+
+
+@pytest.mark.parametrize("env,tau", [(PAGED, 1.0), ({}, 1.0), ({**PAGED, "RLT_FOLD": "1"}, 1.0), (BOTH, 0.5)],
                          ids=["paged", "dense", "fold", "both-adaptive"])
 def test_engine_with_triton_attention_matches_oracle_under_interpreter(tiny_checkpoint, env, tau):
     """``both-adaptive``: adaptive exit (LAST_EXITED history at mixed depths) with both options on."""
@@ -64,7 +67,7 @@ def test_engine_with_triton_attention_matches_oracle_under_interpreter(tiny_chec
                        capture_output=True, text=True, env=full, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     _, dense, fold, split_shapes = r.stdout.split()
-    assert dense == str("RLT_DENSE_PREFILL" in env) and fold == str("RLT_FOLD" in env)
+    assert dense == str(env.get("RLT_DENSE_PREFILL") != "0") and fold == str("RLT_FOLD" in env)
     assert int(split_shapes) > 0  # split decode attention ran (its scratch exists): the merge (or its fold) too
 
 

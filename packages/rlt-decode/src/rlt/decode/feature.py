@@ -62,11 +62,13 @@ class PipelineOptions:
         "help": "decode steps kept in flight before the oldest one's tokens are read (default 2; 0: read "
                 "each step's tokens right after launching the next one is planned)"})
 
-    device_exit: bool = attrs.field(default=False, metadata={
+    device_exit: bool | None = attrs.field(default=None, metadata={
         "help": "device-planned steps under adaptive exit: a decode step where a row may exit on the gate is "
                 "launched without reading its exits, and while the host could plan nothing else (no admission, "
                 "finish or max_tokens due) the next steps of the same rows are planned on the device from its exit "
-                "mask; exits and tokens are read back with the lag (default off: not measured on a GPU yet)"})
+                "mask; exits and tokens are read back with the lag (default: on for a GPU — H200, C=64 at tau 0.7: "
+                "4,827 vs 4,131 decode tok/s host-planned; off on CPU, where every op is host work and they were "
+                "8-12 %% slower)"})
 
     @depth.validator
     def _check(self, attribute, value) -> None:
@@ -79,8 +81,10 @@ def device_exit_off_reason(ctx) -> str:
     pipeline = ctx.feature_options.get("pipeline")
     if pipeline is None:
         return "pipeline feature off"
-    if not pipeline.device_exit:
-        return "--pipeline-device-exit off"
+    if pipeline.device_exit is False:
+        return "--no-pipeline-device-exit"
+    if pipeline.device_exit is None and ctx.device.type == "cpu":
+        return "off by default on CPU (no host/device overlap to win; --pipeline-device-exit turns it on)"
     if "preemption" in ctx.feature_options:
         return "preemption is on (incremental KV allocation; the step loop drains before every plan)"
     sample = ctx.parts.sampler.sample

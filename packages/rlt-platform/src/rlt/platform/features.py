@@ -117,7 +117,7 @@ def add_attrs_argument(group, flag: str, field: attrs.Attribute, dest: str, defa
     """One flag for one attrs field: type, choices, help and metavar from the field and its metadata
     (``help``, ``choices``, ``type``: a parser callable). ``default`` None leaves unset flags out."""
     kwargs: dict[str, Any] = {"dest": dest, "default": default, "help": field.metadata.get("help", "")}
-    if field.type in (bool, "bool"):
+    if field.type in (bool, "bool", "bool | None"):  # None: the feature decides (--x / --no-x override it)
         kwargs["action"] = argparse.BooleanOptionalAction
     else:
         kwargs["metavar"] = field.name.upper()

@@ -21,12 +21,13 @@ no request can exit early; SHARED (one plane) is always exact. ``strict=True`` m
 verify the condition on the device and raise (a host sync: for tests and debugging, not graphs).
 
 Fresh prompt rows (``AttentionMetadata.fresh``: every row starts at position 0, as a whole prompt or
-its first chunk does) attend only to keys computed in the same call. With ``dense_fresh`` (None:
-``RLT_DENSE_PREFILL=1``, off until measured) such a call takes the step's K/V themselves (the model's
-``new_kv``, the values just stored) and runs the package's dense ``flash_attn_varlen_func`` with
-``cu_seqlens_k = cu_seqlens_q`` instead of gathering pages: on SM90 FA4's paged prefill loads K/V
-tiles page by page, its dense one through TMA (8K causal: 0.405 ms dense, ~0.50 ms in the engine's
-paged call, lease 7). Exact for the same reason as above: those keys are the pages' contents.
+its first chunk does) attend only to keys computed in the same call. With ``dense_fresh`` such a call
+takes the step's K/V themselves (the model's ``new_kv``, the values just stored) and runs the package's
+dense ``flash_attn_varlen_func`` with ``cu_seqlens_k = cu_seqlens_q`` instead of gathering pages: on SM90
+FA4's paged prefill loads K/V tiles page by page, its dense one through TMA. Exact for the same reason as
+above: those keys are the pages' contents. Default (``dense_fresh=None``): on for FA4 (H200, 8K prefill
+with FA4 for prompt rows: 45.6-45.9K tok/s vs 44.5-44.7K paged, benchmarks/results/h200-20261205-lease8),
+off for FA3 / FA2 (never run here); ``RLT_DENSE_PREFILL=0`` / ``=1`` overrides.
 
 Specs are what each package documents: FA kernels take fp16/bf16 only.
 """
@@ -34,12 +35,11 @@ Specs are what each package documents: FA kernels take fp16/bf16 only.
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any, Callable
 
 import torch
 
-from rlt.attention.backend import AttentionBackend, BackendSpec
+from rlt.attention.backend import AttentionBackend, BackendSpec, dense_prefill_switch
 from rlt.attention.kv_cache import KVCache, KVLayout, RowScatter, portable_row_scatter
 from rlt.attention.metadata import AttentionMetadata
 
@@ -82,13 +82,14 @@ class _FlashBackend(AttentionBackend):
     """Shared plumbing; subclasses name the module and make the call."""
 
     module: str = ""  # the package imported; its ``flash_attn_varlen_func`` also serves fresh rows densely
+    dense_fresh_default = False  # measured to pay on the H200 (module docstring)
 
     def __init__(self, *, strict: bool = False, dense_fresh: bool | None = None,
                  scatter: RowScatter = portable_row_scatter) -> None:
         super().__init__(scatter=scatter)
         self.strict = strict
         #: fresh prompt rows read the step's K/V (``new_kv``) densely (module docstring)
-        self.takes_new_kv = os.environ.get("RLT_DENSE_PREFILL") == "1" if dense_fresh is None else dense_fresh
+        self.takes_new_kv = dense_prefill_switch(self.dense_fresh_default) if dense_fresh is None else dense_fresh
         self._fn: Callable | None = None
         self._dense_fn: Callable | None = None
         self._table_meta: AttentionMetadata | None = None
@@ -144,6 +145,7 @@ class FA4Backend(_FlashBackend):
 
     name = "fa4"
     module = "flash_attn.cute"
+    dense_fresh_default = True
     spec = BackendSpec(dtypes=_HALF, head_dims=frozenset({64, 96, 128}), block_size_multiple=16,
                        packed_prefill=True, graph_safe=False, depth_indirection=False)
 
