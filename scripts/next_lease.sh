@@ -1,37 +1,21 @@
 #!/usr/bin/env bash
-# What the next H200 lease runs first (planned 2026-12-04/05, when no device was lent): CALL=a..h, one
-# device call each (<= 600 s), results under $OUT/$CALL. Run from the repo root:
-#   OUT=benchmarks/results/h200-<date>-lease8 CALL=a bash scripts/next_lease.sh
-#   a  the whole GPU suite on the default build (PDL on: not yet run with it), incl. the new fold /
-#      prefetch tests (tests/gpu/test_triton_attention_gpu.py::test_folded_merge_matches_merge_kernel,
-#      test_fused_ops_gpu.py::test_split_k_folds_add_norm_norm, test_decode_gpu.py::test_device_side_switches_change_nothing)
-#   b  decode kernels: split-K + norm unfolded vs folded at 1/4/64 rows, decode attention merge vs folded merge;
-#      then rlt-decode end to end, default vs RLT_FOLD=1 (C=1, C=64; same build back to back)
-#   bc the end-to-end half of b and c in one call: rlt-decode default vs RLT_FOLD=1 vs RLT_PREFETCH=1 vs both
-#      (C=1, C=64; the fold tests run in a's suite)
-#   c  rlt-decode end to end, default vs RLT_PREFETCH=1 vs all three switches (+ RLT_DENSE_PREFILL: the
-#      prompts' attention), plus the C=128 1K/128 end-to-end workload for each
-#   d  self-speculation re-measured on this build (scripts/spec_h200.sh: d=1/2, K=2..8, measured acceptance)
-#   e  the Triton prefill kernel with fresh prompt rows read densely through TMA (RLT_DENSE_PREFILL): the attention
-#      micro-benchmark (8K: paged vs dense, % of the matmul rate; target 60 %), then Triton-only 8K prefill end to
-#      end, dense off / on (FA4 not installed in this call, so prompt rows stay on Triton)
-#   f  device-planned steps under adaptive exit (--pipeline-device-exit) against the host-planned pipeline: C=64 with
-#      slot refill (256 requests), fixed depth and tau = 0.7 (lease 3: a tau = 0.7 token cost 0.71 of a fixed-depth one
-#      for 0.56 of the loops), and C=1 at tau = 0.7; the decode GPU tests first (test_device_planned_steps_equal_eager)
+# H200 lease calls, CALL=a..h (and bc), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
+#   OUT=benchmarks/results/h200-<date>-leaseN CALL=g bash scripts/next_lease.sh
+# Lease 8 (benchmarks/results/h200-20261205-lease8) ran f, h, bc, a and e's measurements: device-planned steps and
+# dense prefill reads paid and are on by default; the folds and the prefetch lost and stay off. Next lease, in order:
 #   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
 #      (4 warps) and 64-wide ones (8 warps) x K splits 1/2/4 (benchmarks/decode_kernels.py's sweep); at 64 rows
 #      the default 32-wide tiles load as many activation bytes as weight bytes per program (C=64: the
-#      projections take ~1.1 of 4.55 ms per loop step at ~2-2.8 TB/s) — a better shape becomes fused_linear._tiles
-#   h  FA4 installed: the FA4 GPU tests (incl. the dense varlen call for fresh prompt rows), 8K prefill with FA4 for
-#      prompt rows paged vs dense (RLT_DENSE_PREFILL=1; issue 11's 45,000 tok/s), then C=128 1K/128 end to end (the
-#      issue's e2e target, 2,500 tok/s) with every feature package composed as a server
-#      would (rlt-decode + rlt-prefill: FA4 for the prompt rows), paged vs dense; lease 7 measured it with
-#      rlt-decode alone on Triton (2,313). FA4's wheels: carry .whl/fa4a in an earlier call of the lease and
-#      .whl/fa4b in this one (64 MiB per call; the warm machine keeps both), as lease 7's calls c and d did
-# Then: flip rlt.attention.fold.DEFAULT / the prefetch / dense-prefill defaults only if they pay, and record
-# everything in $OUT/README.md (device, versions, command, median of three after one warm-up).
-# The eight calls need ~3,500 s; a 1,800 s lease runs a (carrying .whl/fa4a), b, f (correctness of everything new,
-# then the C=1 folds and the adaptive-exit acceptance item) and leaves h, g, e, c, d for the next.
+#      projections take ~1.1 of 4.59 ms per loop step at ~2-2.8 TB/s; C=64 decode 3,408 vs the 3,800 target) —
+#      a better shape becomes fused_linear._tiles (needs RLT_FOLD=1 for K splits; 1 split does not)
+#   d  self-speculation re-measured on this build (scripts/spec_h200.sh: d=1/2, K=2..8, measured acceptance)
+#   a  the whole GPU suite, this time with FA4 on the path (carry .whl/fa4a here, .whl/fa4b in h right after)
+#   h  FA4 installed: the FA4 GPU tests, 8K prefill with FA4 for prompt rows (dense by default now: `dense0` is
+#      RLT_DENSE_PREFILL=0), then C=128 1K/128 end to end with rlt-decode + rlt-prefill composed (2,346 in lease 8,
+#      target 2,500)
+# Older calls kept for re-runs: b/bc/c (folds, prefetch: measured slower), e (Triton dense prefill: measured), f
+# (device-planned steps: measured). Record everything in $OUT/README.md (device, versions, command, median of three
+# after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
 CALL=${CALL:?set CALL to one of a..h}
@@ -95,7 +79,7 @@ case $CALL in
         > "$R/prefill8k-fa4-dense$dense.log" 2>&1
       echo "== 8K FA4 dense $dense"; grep -E '"workload": "single"' "$R/prefill8k-fa4-dense$dense.log" | tail -1 | cut -c1-200
     done
-    SKIP_TESTS=1 VARIANTS="${H_VARIANTS:-full fulldense}" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=${H_TIMEOUT:-150} \
+    SKIP_TESTS=1 VARIANTS="${H_VARIANTS:-full}" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=${H_TIMEOUT:-150} \
       ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
   *) echo "unknown CALL $CALL"; exit 2 ;;
 esac
