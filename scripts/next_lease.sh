@@ -7,12 +7,12 @@
 #      (4 warps) and 64-wide ones (8 warps) x K splits 1/2/4 (benchmarks/decode_kernels.py's sweep); at 64 rows
 #      the default 32-wide tiles load as many activation bytes as weight bytes per program (C=64: the
 #      projections take ~1.1 of 4.59 ms per loop step at ~2-2.8 TB/s; C=64 decode 3,408 vs the 3,800 target) —
-#      a better shape becomes fused_linear._tiles (needs RLT_FOLD=1 for K splits; 1 split does not)
+#      a better shape becomes fused_linear._tiles (needs RLT_FOLD=1 for K splits; 1 split does not); carry .whl/fa4a
+#   h  (carrying .whl/fa4b, right after g on the warm machine) FA4 installed: the FA4 GPU tests, 8K prefill with FA4
+#      for prompt rows (dense by default now: `dense0` is RLT_DENSE_PREFILL=0), then C=128 1K/128 end to end with
+#      rlt-decode + rlt-prefill composed (2,346 in lease 8, target 2,500)
+#   a  the whole GPU suite; FA4's tests too when h installed it on this machine (/tmp/site)
 #   d  self-speculation re-measured on this build (scripts/spec_h200.sh: d=1/2, K=2..8, measured acceptance)
-#   a  the whole GPU suite, this time with FA4 on the path (carry .whl/fa4a here, .whl/fa4b in h right after)
-#   h  FA4 installed: the FA4 GPU tests, 8K prefill with FA4 for prompt rows (dense by default now: `dense0` is
-#      RLT_DENSE_PREFILL=0), then C=128 1K/128 end to end with rlt-decode + rlt-prefill composed (2,346 in lease 8,
-#      target 2,500)
 # Older calls kept for re-runs: b/bc/c (folds, prefetch: measured slower), e (Triton dense prefill: measured), f
 # (device-planned steps: measured). Record everything in $OUT/README.md (device, versions, command, median of three
 # after one warm-up); flip a default only on a measured gain.
@@ -26,6 +26,7 @@ export PYTHONPATH=packages/rlt-platform/src:packages/rlt-attention/src:packages/
 { python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name(0))"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null; git log --oneline -1; } > "$R/versions.txt"
 case $CALL in
   a)
+    [ -d /tmp/site/flash_attn ] && export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH"
     timeout ${SUITE_TIMEOUT:-540} python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -o addopts="" -rfEs \
       --durations=15 > "$R/gpu-suite.log" 2>&1
     echo "rc $?"
