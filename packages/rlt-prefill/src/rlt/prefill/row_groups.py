@@ -160,24 +160,26 @@ class PromptRowGroups(AttentionBackend):
 
     @property
     def takes_new_kv(self) -> bool:
-        return self.prompt.takes_new_kv or self.other.takes_new_kv
+        # Only prompt rows can start at position 0 (be fresh); the others are decode rows, never handed K/V.
+        return self.prompt.takes_new_kv
 
     def forward(self, query: torch.Tensor, kv: KVCache, layer: int, meta: AttentionMetadata,
                 scale: float, new_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         parts = getattr(meta, "parts", None)
-        if parts is None:
-            return forward_with_new_kv(self.other, query, kv, layer, meta, scale, new_kv)
+        if parts is None:  # no prompt rows in this step
+            return self.other.forward(query, kv, layer, meta, scale)
         pm, om = parts
         if om is None:
             return forward_with_new_kv(self.prompt, query, kv, layer, pm, scale, new_kv)
         g = meta.groups
         n, nh, d = query.shape
         out = query.new_empty((n, nh * d))
-        for backend, tokens, part in ((self.prompt, g.prompt_tokens, pm), (self.other, g.other_tokens, om)):
-            part_kv = None if new_kv is None or not backend.takes_new_kv else \
-                (new_kv[0].index_select(0, tokens), new_kv[1].index_select(0, tokens))
-            out.index_copy_(0, tokens, forward_with_new_kv(backend, query.index_select(0, tokens), kv, layer, part,
-                                                           scale, part_kv))
+        prompt_kv = None if new_kv is None or not pm.fresh else \
+            (new_kv[0].index_select(0, g.prompt_tokens), new_kv[1].index_select(0, g.prompt_tokens))
+        out.index_copy_(0, g.prompt_tokens, forward_with_new_kv(self.prompt, query.index_select(0, g.prompt_tokens),
+                                                                kv, layer, pm, scale, prompt_kv))
+        out.index_copy_(0, g.other_tokens, self.other.forward(query.index_select(0, g.other_tokens), kv, layer,
+                                                              om, scale))
         return out
 
 
