@@ -129,9 +129,14 @@ def test_dense_prefill_reads_fresh_rows_through_tma_descriptors(layout, heads, r
     new_kv = (flat(pb.kv.k)[pb.meta.slot_mapping], flat(pb.kv.v)[pb.meta.slot_mapping])
     backend = TritonBackend(poison_output=True, dense_prefill=True, **SMALL)
     assert backend.takes_new_kv and backend._dense_ready(pb.query, new_kv, pb.kv.k)
+    paged_launches = []
+    paged = backend._prefill
+    backend._prefill = lambda *a, **kw: paged_launches.append(1) or paged(*a, **kw)
     got = backend.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale, new_kv=new_kv)
     want = REF.forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale)
     assert not torch.isnan(got).any(), "unwritten (poisoned) output elements"
+    assert len(paged_launches) == (0 if pb.meta.fresh else 1)  # every row fresh: the paged kernel is not launched
+    assert pb.meta.fresh == (rows is FRESH_ROWS)
     assert rel_err(got, want) < TOL[dtype]
     plain = TritonBackend(poison_output=True, **SMALL).forward(pb.query, pb.kv, pb.layer, pb.meta, pb.scale)
     assert rel_err(got, plain) < TOL[dtype]

@@ -366,9 +366,10 @@ class TritonBackend(AttentionBackend):
             dense = new_kv is not None and self.takes_new_kv and self._dense_ready(q, new_kv, k)
             if dense:
                 self._dense_prefill(q, new_kv, out, meta, rows, group, d, precision, scale, skip_single=rows > 1)
-            self._prefill(paged_prefill, q, k, v, out, common, rows, nkv, group, d, block_d, kv.block_size,
-                          precision, meta.max_query_len, skip_single=rows > 1, last_exited=last_exited, pre=pre,
-                          skip_fresh=dense)
+            if not (dense and meta.fresh):  # every row fresh (host-known): no paged program would do any work
+                self._prefill(paged_prefill, q, k, v, out, common, rows, nkv, group, d, block_d, kv.block_size,
+                              precision, meta.max_query_len, skip_single=rows > 1, last_exited=last_exited, pre=pre,
+                              skip_fresh=dense)
         return out
 
     @staticmethod
