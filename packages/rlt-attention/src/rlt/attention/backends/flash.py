@@ -82,7 +82,7 @@ class _FlashBackend(AttentionBackend):
     """Shared plumbing; subclasses name the module and make the call."""
 
     module: str = ""  # the package imported; its ``flash_attn_varlen_func`` also serves fresh rows densely
-    dense_fresh_default = False  # measured to pay on the H200 (module docstring)
+    dense_fresh_default = False  # True only where the dense call was measured to pay on the H200 (FA4)
 
     def __init__(self, *, strict: bool = False, dense_fresh: bool | None = None,
                  scatter: RowScatter = portable_row_scatter) -> None:
