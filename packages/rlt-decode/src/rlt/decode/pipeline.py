@@ -60,7 +60,7 @@ class _Run:
     Row i of every step of the run is request i's."""
 
     requests: tuple
-    #: one placeholder row per request: whom a fault in a device-planned step aborts (built once per run)
+    #: the first step's rows (row i = request i): whom a fault in a device-planned step aborts
     fault_rows: tuple
     #: requests waiting when the host planned the first step, and whether the policy then said why
     #: they could not be admitted (``blocked_reason``: the step budget or KV blocks, which only a

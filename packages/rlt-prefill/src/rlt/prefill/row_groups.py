@@ -49,8 +49,9 @@ class RowGroups:
     other_qsl: torch.Tensor
     other_max_query_len: int
     other_max_seq_len: int
-    prompt_fresh: bool = False  # host: every prompt row starts at position 0 (AttentionMetadata.fresh)
-    other_fresh: bool = False
+    #: host: every prompt row starts at position 0 (AttentionMetadata.fresh); the other rows are decode rows,
+    #: never fresh
+    prompt_fresh: bool = False
 
     @property
     def num_prompt_rows(self) -> int:
@@ -93,7 +94,7 @@ def row_groups(rows: Sequence[Row], uploader) -> RowGroups:
     dev = uploader.upload({"p_rows": p["rows"], "p_tokens": p["tokens"], "p_qsl": p["qsl"],
                            "o_rows": o["rows"], "o_tokens": o["tokens"], "o_qsl": o["qsl"]})
     return RowGroups(dev["p_rows"], dev["p_tokens"], dev["p_qsl"], p["max_q"], p["max_s"],
-                     dev["o_rows"], dev["o_tokens"], dev["o_qsl"], o["max_q"], o["max_s"], p["fresh"], o["fresh"])
+                     dev["o_rows"], dev["o_tokens"], dev["o_qsl"], o["max_q"], o["max_s"], p["fresh"])
 
 
 def select_rows(meta: AttentionMetadata, rows: torch.Tensor, tokens: torch.Tensor, qsl: torch.Tensor,
@@ -150,8 +151,7 @@ class PromptRowGroups(AttentionBackend):
             return attrs.evolve(meta, parts=(self.prompt.prepare(kv, meta), None))
         pm = select_rows(meta, g.prompt_rows, g.prompt_tokens, g.prompt_qsl, g.prompt_max_query_len,
                          g.prompt_max_seq_len, g.prompt_fresh)
-        om = select_rows(meta, g.other_rows, g.other_tokens, g.other_qsl, g.other_max_query_len, g.other_max_seq_len,
-                         g.other_fresh)
+        om = select_rows(meta, g.other_rows, g.other_tokens, g.other_qsl, g.other_max_query_len, g.other_max_seq_len)
         return attrs.evolve(meta, parts=(self.prompt.prepare(kv, pm), self.other.prepare(kv, om)))
 
     def write_kv(self, kv: KVCache, layer: int, key: torch.Tensor, value: torch.Tensor,
