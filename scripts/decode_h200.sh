@@ -11,10 +11,10 @@
 # cuBLAS instead of split-K, RLT_SPLIT_K=0; nopdl = rlt-decode with plain kernel launches instead of
 # programmatic dependent launch, RLT_PDL=0; pdl = rlt-decode with it, RLT_PDL=1; fold = rlt-decode with the
 # last-arriver folds (merge into decode attention, add_norm_norm into split-K), RLT_FOLD=1; prefetch = rlt-decode
-# with weight L2 prefetch before the PDL wait, RLT_PREFETCH=1; dense = rlt-decode with fresh prompt rows read
-# densely through TMA, RLT_DENSE_PREFILL=1; all = fold + prefetch + dense; devexit = rlt-decode with device-planned
+# with weight L2 prefetch before the PDL wait, RLT_PREFETCH=1; paged = rlt-decode with every prompt row on
+# the paged kernel, RLT_DENSE_PREFILL=0 (fresh rows read densely is the default); all = fold + prefetch; devexit = rlt-decode with device-planned
 # steps under adaptive exit, --pipeline-device-exit; full = rlt-decode and rlt-prefill composed (FA4 for prompt rows
-# when it imports: carry and install its wheels first); fullfold = full with RLT_FOLD=1; fullall = full with RLT_FOLD=1 and RLT_PREFETCH=1; fulldense = full with fresh prompt rows read densely, RLT_DENSE_PREFILL=1 (FA4's dense varlen call); copy = rlt-decode with step metadata copied,
+# when it imports: carry and install its wheels first); fullfold = full with RLT_FOLD=1; fullpaged = full with FA4's paged call for every prompt row, RLT_DENSE_PREFILL=0; copy = rlt-decode with step metadata copied,
 # RLT_UVA=0, instead of read by the mapped-memory kernel), BENCH_ARGS (e.g. --no-sync-steps: no device
 # synchronise after each step, which a pipelined loop needs to overlap), KERNELS=1 (first the kernel
 # micro-benchmarks, benchmarks/decode_kernels.py, with KERNEL_ARGS), PROFILE="c=1,in=1024 ..." (a
@@ -60,13 +60,12 @@ for variant in ${VARIANTS:-base decode}; do
     fold) extra=(--feature-module rlt.decode.feature); foldv=1 ;;
     prefetch) extra=(--feature-module rlt.decode.feature); prefetch=1 ;;
     foldprefetch) extra=(--feature-module rlt.decode.feature); foldv=1; prefetch=1 ;;
-    dense) extra=(--feature-module rlt.decode.feature); dense=1 ;;
-    all) extra=(--feature-module rlt.decode.feature); foldv=1; prefetch=1; dense=1 ;;
+    paged) extra=(--feature-module rlt.decode.feature); dense=0 ;;
+    all) extra=(--feature-module rlt.decode.feature); foldv=1; prefetch=1 ;;
     devexit) extra=(--feature-module rlt.decode.feature --feature-flag=--pipeline-device-exit) ;;
     full) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features) ;;
     fullfold) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); foldv=1 ;;
-    fullall) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); foldv=1; prefetch=1 ;;
-    fulldense) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); dense=1 ;;
+    fullpaged) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); dense=0 ;;
   esac
   RLT_DENSE_PREFILL=$dense RLT_FOLD=$foldv RLT_PREFETCH=$prefetch RLT_PDL=$pdl RLT_SPLIT_K=$split RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
     --work-dir /tmp/rlt-bench --out-dir "$OUT/$variant" --reps 3 --warmup-output-len 4 "${extra[@]}" ${BENCH_ARGS:-} "${WORKLOADS[@]}" \
