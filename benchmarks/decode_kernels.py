@@ -18,6 +18,7 @@ Two parts, each timed as CUDA-graph replays of a sequence of calls over distinct
 
     python -m benchmarks.decode_kernels --out results.json            # everything
     python -m benchmarks.decode_kernels --parts linear --rows 1,64     # a subset
+    python -m benchmarks.decode_kernels --tiles-from results.json      # the sweep's winners as RLT_LINEAR_TILES
 
 Prints one table per part and writes the numbers as JSON. GPU only (the kernels are Triton).
 """
@@ -329,6 +330,22 @@ def bench_attention(cases: list[tuple[int, int]], dtype=torch.bfloat16) -> list[
     return results
 
 
+#: The sweep's fused shapes and the ``fused_linear`` kinds whose launch shape ``RLT_LINEAR_TILES`` sets.
+TILE_KIND = {"qkv+rope+kv": "rope_kv", "gate_up+silu": "silu_mul"}
+
+
+def tile_overrides(linear: list[dict], min_gain: float = 0.03) -> str:
+    """``RLT_LINEAR_TILES`` from a sweep's rows (``bench_linear``): each swept shape and row count whose best
+    launch shape beat the default by more than ``min_gain`` (a fraction of the default's time)."""
+    entries = []
+    for row in linear:
+        kind = TILE_KIND.get(row["shape"])
+        if kind and "best_us" in row and row["best_us"] < row["fused_us"] * (1 - min_gain):
+            tiles = "x".join(str(v) for v in row["best_tiles"])
+            entries.append(f"{kind}:{row['rows']}={tiles}/{row['best_splits']}")
+    return ",".join(entries)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", default="linear,attention")
@@ -337,7 +354,14 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES), help="linear shapes to run (%(default)s)")
     ap.add_argument("--attention-cases", default="1x1024,1x4096,8x1024,64x1024,128x1024")
     ap.add_argument("--out", default="")
+    ap.add_argument("--tiles-from", default="", help="print RLT_LINEAR_TILES for a sweep's JSON (--out of a linear "
+                    "sweep) and exit: the shapes whose best launch beat the default by more than --min-gain")
+    ap.add_argument("--min-gain", type=float, default=0.03)
     args = ap.parse_args()
+    if args.tiles_from:
+        with open(args.tiles_from) as f:
+            print(tile_overrides(json.load(f).get("linear", []), args.min_gain))
+        return 0
     if not torch.cuda.is_available():
         raise SystemExit("decode_kernels needs a CUDA/ROCm GPU")
     t0 = time.time()

@@ -2,13 +2,16 @@
 # H200 lease calls, CALL=a..h (and bc), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
 #   OUT=benchmarks/results/h200-<date>-leaseN CALL=g bash scripts/next_lease.sh
 # Lease 8 (benchmarks/results/h200-20261205-lease8) ran f, h, bc, a and e's measurements: device-planned steps and
-# dense prefill reads paid and are on by default; the folds and the prefetch lost and stay off. Next lease, in order:
+# dense prefill reads paid and are on by default; the folds and the prefetch lost and stay off (no device was lent
+# the session after). Next lease, in order:
 #   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
 #      (4 warps) and 64-wide ones (8 warps) x K splits 1/2/4 (benchmarks/decode_kernels.py's sweep); at 64 rows
 #      the default 32-wide tiles load as many activation bytes as weight bytes per program (C=64: the
 #      projections take ~1.1 of 4.59 ms per loop step at ~2-2.8 TB/s; C=64 decode 3,408 vs the 3,800 target) —
-#      a better shape becomes fused_linear._tiles (needs RLT_FOLD=1 for K splits; 1 split does not); carry .whl/fa4a
-#   h  (carrying .whl/fa4b, right after g on the warm machine) FA4 installed: the FA4 GPU tests, 8K prefill with FA4
+#      the sweep's winners are timed end to end in g2 before one becomes fused_linear._tiles; carry .whl/fa4a
+#   g2 (after g; TILES_JSON=<g's tiles.json> if g's results came back to the repo) C=1 and C=64 decode with the
+#      sweep's winners (RLT_LINEAR_TILES, those > 3 % faster than the default) against the default, back to back
+#   h  (carrying .whl/fa4b, right after g and g2 on the warm machine) FA4 installed: the FA4 GPU tests, 8K prefill with FA4
 #      for prompt rows (dense by default now: `dense0` is RLT_DENSE_PREFILL=0), then C=128 1K/128 end to end with
 #      rlt-decode + rlt-prefill composed (2,346 in lease 8, target 2,500)
 #   a  the whole GPU suite; FA4's tests too when h installed it on this machine (/tmp/site)
@@ -18,7 +21,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..h}
+CALL=${CALL:?set CALL to one of a..h, g2}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -65,6 +68,11 @@ case $CALL in
     timeout 540 python3 -m benchmarks.decode_kernels --parts linear --rows 1,64 --sweep-rows 1,64 \
       --shapes "qkv+rope+kv,gate_up+silu" --out "$R/tiles.json" > "$R/tiles.log" 2>&1
     grep -E "^(qkv|gate_up)" "$R/tiles.log" | tail -8 ;;
+  g2)
+    TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "${TILES_JSON:-$OUT/g/tiles.json}") || exit 1
+    echo "RLT_LINEAR_TILES=${TILES:-(none beat the default by 3 %)}" | tee "$R/tiles.txt"
+    [ -n "$TILES" ] && SKIP_TESTS=1 TILES="$TILES" VARIANTS="decode tiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=250 \
+      OUT=$R bash scripts/decode_h200.sh ;;
   h)
     . scripts/install_carried_wheels.sh .whl/fa4a .whl/fa4b
     if ! python3 -c "import flash_attn.cute" > "$R/fa4-import.log" 2>&1; then

@@ -154,3 +154,23 @@ def test_prefill_profile_kinds_kernels_by_name():
     assert kernel_kind("dense_prefill_kernel") == "attention"
     assert kernel_kind("_silu_mul_kernel") == "swiglu"
     assert kernel_kind("Memset (Device)") == "other"
+
+
+def test_tile_overrides_from_a_sweep():
+    """benchmarks/decode_kernels.py --tiles-from: the sweep's winners (more than 3 % faster than the default)
+    as an RLT_LINEAR_TILES value fused_linear parses back to the same launch shapes."""
+    from benchmarks.decode_kernels import tile_overrides
+    from rlt.platform.models.fused_linear import Tiles, parse_tile_overrides
+
+    rows = [
+        {"shape": "qkv+rope+kv", "rows": 64, "fused_us": 12.1, "best_us": 9.0, "best_tiles": [64, 64, 128, 8, 3], "best_splits": 2},
+        {"shape": "gate_up+silu", "rows": 64, "fused_us": 16.5, "best_us": 16.2, "best_tiles": [64, 64, 128, 8, 3], "best_splits": 1},
+        {"shape": "gate_up+silu", "rows": 1, "fused_us": 14.1, "best_us": 12.0, "best_tiles": [16, 16, 256, 4, 4], "best_splits": 1},
+        {"shape": "gate_up+silu", "rows": 4, "fused_us": 14.3},             # not swept
+        {"shape": "o_proj", "rows": 64, "unfused_us": 8.0},                  # not a fused kind
+    ]
+    text = tile_overrides(rows)
+    assert text == "rope_kv:64=64x64x128x8x3/2,silu_mul:1=16x16x256x4x4/1"   # gate/up at 64 rows: only 1.8 % faster
+    assert parse_tile_overrides(text) == {("rope_kv", False): (Tiles(64, 64, 128, 8, 3), 2),
+                                          ("silu_mul", True): (Tiles(16, 16, 256, 4, 4), 1)}
+    assert tile_overrides(rows, min_gain=0.5) == ""

@@ -31,3 +31,22 @@ def test_spec_bench_cpu_preset(tmp_path):
     assert big["adaptive_gate_default"]["judged_drafts"] == 0  # 10 running > max_running 8: plain path
     assert big["adaptive_gate_default"]["steps_per_token"] == 4.0
     assert big["adaptive_gate_off"]["judged_drafts"] > 0
+
+
+def test_draft_ranks_cpu(capsys):
+    """benchmarks/spec_draft_ranks.py on the tiny model: the engine's greedy tokens are the oracle's
+    full-depth argmax (the teacher-forced pass is the run's), coverage grows with the candidates counted,
+    a smaller loop-update scale gives drafts that agree more, and the step model's speedups follow."""
+    from benchmarks import spec_draft_ranks
+
+    res = spec_draft_ranks.main(["--model", "ouro-tiny", "--scales", "1.0,0.001", "--out", "16"])["results"]
+    assert [r["scale"] for r in res] == [1.0, 0.001]
+    for r in res:
+        assert r["oracle_agreement"] == 1.0 and r["positions"] == 32
+        for d in (1, 2, 3):
+            c = r[f"d{d}"]
+            assert 0 <= c["top1"] <= c["top2"] <= c["top4"] <= 1
+            assert c["alt_speedup_lag1"] >= c["chain_speedup_lag1"]
+            assert c["chain_speedup_lag0"] == 4 / spec_draft_ranks.chain_steps(d, 4, c["top1"], 0)
+    assert res[1]["d2"]["top1"] > res[0]["d2"]["top1"] + 0.5
+    assert math.isclose(spec_draft_ranks.chain_steps(2, 4, 0.8, 1), 2 + 0.2 * 3)   # docs/spec.md's d + (1-a)(D-d+L)

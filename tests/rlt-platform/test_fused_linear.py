@@ -165,13 +165,20 @@ FOLD_SCRIPT = textwrap.dedent("""
             raise AssertionError(f"{bad} splits accepted")
         except ValueError as exc:
             assert "whole tiles" in str(exc)
+    folded_two = fl.linear_silu_mul(x, gu, splits=2)
     os.environ["RLT_FOLD"] = "0"
     fold.refresh()
+    # asked-for K splits need a fold-capable device, not the folds on: the same kernel, the same sums
+    assert not fold.fold_enabled(x) and torch.equal(fl.linear_silu_mul(x, gu, splits=2), folded_two)
+    capable = fl.fold_capable
+    fl.fold_capable = lambda device: (False, "ROCm: the fold's memory ordering is not verified there")
     try:
         fl.linear_silu_mul(x, gu, splits=2)
-        raise AssertionError("K splits accepted without the fold")
+        raise AssertionError("K splits accepted on a device that cannot sum them")
     except ValueError as exc:
-        assert "RLT_FOLD=1" in str(exc)
+        assert "ROCm" in str(exc)
+    finally:
+        fl.fold_capable = capable
     assert torch.equal(fl.linear_silu_mul(x, gu, splits=1), fl.linear_silu_mul(x, gu))
     os.environ["RLT_FOLD"] = "1"
     fold.refresh()
@@ -262,3 +269,63 @@ def test_balanced_splits_fill_the_waves():
     assert split(264, 2048, 128, 132, 512) == 1      # two whole waves already
     assert split(96, 1024, 256, 132, 512) == 1       # 2 fill no better (192 = 1.45 waves), 4 would cut K to 256
     assert fused_linear._wave_excess(384, 132) == pytest.approx(396 / 384)
+
+
+OVERRIDE_SCRIPT = textwrap.dedent("""
+    import torch
+    import torch.nn.functional as F
+    from rlt.attention import fold
+    from rlt.platform.models import fused_linear as fl
+    from rlt.platform.models.fused_ops import rope_qk_, silu_mul
+    from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
+    assert not fold.fold_enabled(torch.empty(1))      # RLT_FOLD=0: the override's splits alone
+    wide = fl.Tiles(64, 64, 128, 8, 3)
+    assert fl._launch_shape(40, "silu_mul", None, None) == (wide, 2)
+    assert fl._launch_shape(3, "silu_mul", None, None) == (fl._tiles(3, "silu_mul"), None)   # other bucket
+    assert fl._launch_shape(1, "rope_kv", None, None) == (fl.Tiles(16, 16, 128, 4, 3), None)
+    assert fl._launch_shape(40, "silu_mul", fl._tiles(40, "silu_mul"), 1) == (fl._tiles(40, "silu_mul"), 1)
+    seen = []
+    real = fl._tile_splits
+    fl._tile_splits = lambda *a: seen.append((a[3], a[4], a[5], a[6])) or real(*a)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 2048, generator=g)
+    gu = torch.randn(256, 2048, generator=g) * 0.03
+    got = fl.linear_silu_mul(x, gu)
+    assert seen[-1] == (64, 64, 64, 2), seen       # K tile (fp32 halves 128 to fit), rows and columns per tile, splits: the override's
+    assert torch.equal(got, fl.linear_silu_mul(x, gu, wide, 2))
+    want = silu_mul(F.linear(x, gu), use_triton=False)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max() + 1e-3
+    nq, nkv, d = 4, 2, 32
+    x1 = torch.randn(1, 2048, generator=g)
+    wq = torch.randn((nq + 2 * nkv) * d, 2048, generator=g) * 0.03
+    cos, sin = rope_cos_sin(torch.tensor([5]), rope_inv_freq(d, 1e4), torch.float32)
+    q, k, v, _ = fl.linear_rope_kv(x1, wq, cos, sin, nq, nkv, d)
+    assert seen[-1][:3] == (128, 16, 16), seen
+    qe, ke, ve, _ = rope_qk_(F.linear(x1, wq), cos, sin, nq, nkv, d, use_triton=False)
+    for a, b in ((q, qe), (k, ke), (v, ve)):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max() + 1e-3
+    print("ok")
+""")
+
+
+def test_linear_tiles_override_sets_the_launch_shape():
+    """``RLT_LINEAR_TILES`` (a sweep's winner timed end to end): its bucket's launches take its tiles and K
+    splits — without RLT_FOLD — and stay exact; other buckets keep the defaults."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "RLT_FOLD": "0",
+           "RLT_LINEAR_TILES": "silu_mul:64=64x64x128x8x3/2, rope_kv:1=16x16x128x4x3"}
+    r = subprocess.run([sys.executable, "-c", OVERRIDE_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_linear_tiles_override_parsing():
+    parse = fused_linear.parse_tile_overrides
+    assert parse("") == {}
+    assert parse("rope_kv:64=64x32x128x4x4,silu_mul:1=16x32x128x4x4/4") == {
+        ("rope_kv", False): (fused_linear.Tiles(64, 32, 128, 4, 4), None),
+        ("silu_mul", True): (fused_linear.Tiles(16, 32, 128, 4, 4), 4)}
+    for bad in ("qkv:64=64x32x128x4x4", "rope_kv=64x32x128x4x4", "rope_kv:64=64x32x128x4", "rope_kv:64=8x32x128x4x4",
+                "rope_kv:64=64x48x128x4x4", "rope_kv:64=64x32x128x4x4/0", "rope_kv:0=64x32x128x4x4",
+                "silu_mul:64=64x32x128x4x4/two"):
+        with pytest.raises(ValueError, match="RLT_LINEAR_TILES entry"):
+            parse(bad)
+

@@ -54,17 +54,25 @@ def refresh() -> None:
     _SETTING.refresh()
 
 
-def fold_status(device: torch.device) -> tuple[bool, str]:
-    """Whether the folds run on ``device``, and why (for ``/v1/engine``)."""
-    if not _SETTING.flag:
-        return False, "RLT_FOLD=0" if os.environ.get("RLT_FOLD") == "0" else "off by default (RLT_FOLD=1 turns it on)"
+def fold_capable(device: torch.device) -> tuple[bool, str]:
+    """Whether ``device`` can run the last-arriver pattern at all, whatever ``RLT_FOLD`` says, and why.
+    (A launch shape that asks for K splits explicitly — ``RLT_LINEAR_TILES``, a tile sweep — needs
+    only this: its last program sums the splits with the fold's tickets.)"""
     if device.type == "cpu" and _SETTING.interpreting:
-        return True, "Triton interpreter (RLT_FOLD=1)"
+        return True, "Triton interpreter"
     if device.type != "cuda":
         return False, f"{device.type} device: the folded kernels are Triton kernels for CUDA"
     if torch.version.hip is not None:
         return False, "ROCm: the fold's memory ordering is not verified there"
-    return True, "CUDA device (RLT_FOLD=1)"
+    return True, "CUDA device"
+
+
+def fold_status(device: torch.device) -> tuple[bool, str]:
+    """Whether the folds run on ``device``, and why (for ``/v1/engine``)."""
+    if not _SETTING.flag:
+        return False, "RLT_FOLD=0" if os.environ.get("RLT_FOLD") == "0" else "off by default (RLT_FOLD=1 turns it on)"
+    on, why = fold_capable(device)
+    return on, f"{why} (RLT_FOLD=1)" if on else why
 
 
 def fold_enabled(t: torch.Tensor) -> bool:

@@ -32,7 +32,8 @@ from cuBLAS (as any two GEMM kernels do); fp32 uses exact ("ieee") dots.
 The dispatch (:func:`small_m_usable`) is decided from shapes and the device only, so a captured
 graph replays the same kernels: Triton on CUDA/ROCm tensors (or the interpreter), at most
 ``max_rows`` rows; anything else takes the eager ops. ``RLT_FUSED_LINEAR=0`` turns the kernels
-off, ``RLT_SPLIT_K=0`` only the split-K projections (A/B measurements; read at import). Tiles come from :func:`_tiles` (the H200 sweep above).
+off, ``RLT_SPLIT_K=0`` only the split-K projections (A/B measurements; read at import). Tiles come from :func:`_tiles` (the H200 sweep above)
+or, for an A/B of a sweep's winner end to end, from ``RLT_LINEAR_TILES`` (:func:`parse_tile_overrides`).
 
 Two device-side options, both off by default until an H200 A/B measures them (``docs/decode.md``):
 with ``rlt.attention.fold`` on, a split-K projection of at most :data:`MAX_ROWS_FOLD` rows comes back as
@@ -56,7 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from rlt.attention.backends.triton_backend import num_sms as _sm_count
-from rlt.attention.fold import fold_enabled
+from rlt.attention.fold import fold_capable, fold_enabled
 from rlt.attention.pdl import kernel_options, weight_prefetch
 from rlt.platform.models.fused_ops import (PendingProjection, SplitSum, _interpreting, rope_qk_, silu_mul,
                                           triton)
@@ -278,6 +279,44 @@ def _tiles(m: int, kind: str) -> Tiles:
     return Tiles(64, 32, 128, 4, 4 if kind == "rope_kv" else 3)
 
 
+TILE_KINDS = ("rope_kv", "silu_mul")
+
+
+def parse_tile_overrides(text: str) -> dict[tuple[str, bool], tuple[Tiles, int | None]]:
+    """``RLT_LINEAR_TILES``: comma-separated ``KIND:ROWS=BMxBNxBKxWARPSxSTAGES[/SPLITS]`` (KIND one of
+    :data:`TILE_KINDS`), e.g. ``silu_mul:64=64x64x128x8x3/2``. An entry serves every row count of ROWS'
+    bucket (at most 16 rows, or more — :func:`_tiles`' two); SPLITS > 1 sums K splits with the fold's
+    last program (needs a fold-capable device, not ``RLT_FOLD``), no SPLITS keeps the rule's count.
+    Keys are ``(kind, rows <= 16)``. A malformed entry raises ValueError naming it."""
+    out: dict[tuple[str, bool], tuple[Tiles, int | None]] = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        try:
+            key, shape = entry.split("=")
+            kind, rows = key.split(":")
+            dims, _, splits = shape.partition("/")
+            tiles = Tiles(*(int(v) for v in dims.lower().split("x")))
+            count = int(splits) if splits else None
+            if kind not in TILE_KINDS or int(rows) < 1 or len(dims.split("x")) != 5 or (count is not None and count < 1):
+                raise ValueError
+            if min(tiles) < 1 or tiles.block_m < 16 or any(v & (v - 1) for v in tiles[:3]):
+                raise ValueError
+        except (ValueError, TypeError):
+            raise ValueError(f"RLT_LINEAR_TILES entry {entry!r}: expected KIND:ROWS=BMxBNxBKxWARPSxSTAGES[/SPLITS] with "
+                             f"KIND one of {', '.join(TILE_KINDS)}, power-of-two BM >= 16, BN, BK") from None
+        out[(kind, int(rows) <= 16)] = (tiles, count)
+    return out
+
+
+_TILE_OVERRIDES = parse_tile_overrides(os.environ.get("RLT_LINEAR_TILES", ""))
+
+
+def _launch_shape(m: int, kind: str, tiles: Tiles | None, splits: int | None) -> tuple[Tiles, int | None]:
+    """The caller's launch shape, else ``RLT_LINEAR_TILES``' entry for ``m``'s bucket, else the defaults."""
+    if tiles is not None:
+        return tiles, splits
+    return _TILE_OVERRIDES.get((kind, m <= 16), (_tiles(m, kind), splits))
+
+
 #: Shared memory a program's pipeline buffers may use (H100/H200 allow 227 KiB; keep headroom).
 SHARED_MEMORY_BYTES = 200 * 1024
 
@@ -381,11 +420,12 @@ def _tile_splits(x: torch.Tensor, tiles: int, k: int, block_k: int, block_m: int
     SMs' waves most evenly, kept only if that beats one split by more than 10 %: q/k/v at one row on
     132 SMs is 96 programs (27 % of the SMs idle) -> 4 splits, 384 programs (3 % excess); gate/up is
     176 -> 2 splits, 352 (12.5 %). Not yet measured (``docs/decode.md``). ``splits``: this count
-    instead of the rule's (a tile sweep's; more than one needs the fold on and whole K tiles)."""
+    instead of the rule's (a tile sweep's, ``RLT_LINEAR_TILES``'; more than one needs a fold-capable device and
+    whole K tiles)."""
     if splits is not None:
-        if splits > 1 and not fold_enabled(x):
-            raise ValueError(f"{splits} K splits of a fused projection need rlt.attention.fold on (RLT_FOLD=1): "
-                             "the last program of each tile sums them")
+        if splits > 1 and not fold_capable(x.device)[0]:
+            raise ValueError(f"{splits} K splits of a fused projection need a device that runs the fold's last "
+                             f"program (the one that sums them): {fold_capable(x.device)[1]}")
         if splits < 1 or k % (splits * block_k):
             raise ValueError(f"{splits} K splits of K={k} in tiles of {block_k}: not whole tiles")
     elif not fold_enabled(x):
@@ -472,13 +512,15 @@ def linear_split_k(x: torch.Tensor, weight: torch.Tensor,
 def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None = None,
                     splits: int | None = None) -> torch.Tensor:
     """``silu(g) * u`` with ``[g | u] = F.linear(x, gate_up)`` (``gate_up = [G; U]``, ``[2I, K]``).
-    ``tiles`` / ``splits``: a launch shape instead of the defaults (tile sweeps, :func:`_tile_splits`)."""
+    ``tiles`` / ``splits``: a launch shape instead of the defaults (tile sweeps, :func:`_tile_splits`;
+    without them ``RLT_LINEAR_TILES`` may set it)."""
     if not small_m_usable(x, gate_up, MAX_ROWS_SILU_MUL):
         return silu_mul(F.linear(x, gate_up))
     m, k = x.shape
     inter = gate_up.shape[0] // 2
     out = torch.empty((m, inter), dtype=x.dtype, device=x.device)
-    bm, bn, bk, warps, stages = _fit(tiles or _tiles(m, "silu_mul"), k, x.element_size())
+    tiles, splits = _launch_shape(m, "silu_mul", tiles, splits)
+    bm, bn, bk, warps, stages = _fit(tiles, k, x.element_size())
     tiles_n, tiles_m = triton.cdiv(inter, bn), triton.cdiv(m, bm)
     splits, parts, counters = _tile_splits(x, tiles_n * tiles_m, k, bk, bm, bn, splits)
     _linear_silu_mul_kernel[(tiles_n, tiles_m, splits)](
@@ -504,7 +546,8 @@ def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor,
     m, kdim = x.shape
     heads = num_q_heads + 2 * num_kv_heads
     out = torch.empty((m, heads * head_dim), dtype=x.dtype, device=x.device)
-    bm, bn, bk, warps, stages = _fit(tiles or _tiles(m, "rope_kv"), kdim, x.element_size())
+    tiles, splits = _launch_shape(m, "rope_kv", tiles, splits)
+    bm, bn, bk, warps, stages = _fit(tiles, kdim, x.element_size())
     bn = min(bn, half)
     write = kv_store is not None and cos.stride(-1) == 1 and sin.stride(0) == cos.stride(0)
     k_cache, v_cache, slots = kv_store if write else (out, out, out)
