@@ -67,7 +67,11 @@ def _finite(x: float) -> float:
 
 
 def echo_entries(prompt_ids: list[int], out: RequestOutput) -> list[TokenLogprob | int]:
-    """The prompt's logprob entries for ``echo``: a bare token id first (nothing predicts it)."""
+    """The prompt's logprob entries for ``echo``: a bare token id first (nothing predicts it). A
+    request aborted before its prompt ran (at shutdown) has none: its prompt tokens come back bare
+    (null logprobs)."""
+    if out.prompt_logprobs is None and out.finish_reason == "abort":
+        return list(prompt_ids)
     if out.prompt_logprobs is None or len(out.prompt_logprobs) != len(prompt_ids):
         raise EngineFault("the engine returned no prompt logprobs for a request that asked for them")
     return [prompt_ids[0], *out.prompt_logprobs[1:]]
@@ -129,8 +133,11 @@ class _Format:
     def logprobs(self, index: int, lps: list[TokenLogprob] | None, top_n: int) -> dict[str, Any] | None:
         raise NotImplementedError
 
-    def prompt_logprobs(self, entries, top_n: int) -> list[dict[str, Any] | None]:
-        """vLLM's ``prompt_logprobs``: per prompt token ``{id: {logprob, rank, decoded_token}}``, first null."""
+    def prompt_logprobs(self, entries, top_n: int) -> list[dict[str, Any] | None] | None:
+        """vLLM's ``prompt_logprobs``: per prompt token ``{id: {logprob, rank, decoded_token}}``, first null;
+        None where the engine computed none (a request aborted before its prompt ran)."""
+        if entries is None:
+            return None
         tok = self.state.token_str
         out: list[dict[str, Any] | None] = [None]
         for e in entries[1:]:
@@ -226,7 +233,8 @@ class ChatFormat(CompletionFormat):
         return self._ext(c, out.exit_depths, out.token_ids, with_ids, prompt_ids)
 
     def attach_prompt_logprobs(self, payload, choice, value):
-        payload.setdefault("prompt_logprobs", value)  # chat: one prompt, reported per response (vLLM)
+        if payload.get("prompt_logprobs") is None:  # chat: one prompt, reported per response (vLLM)
+            payload["prompt_logprobs"] = value
 
     def opening(self, indices):
         return [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
