@@ -7,7 +7,8 @@ Workloads (``--workload``, several allowed):
   adaptive exit allowed, rlt-prefill's features at their defaults (packed_prefill puts prompt rows
   on FA4 when it imports).
 - ``profile``: one ``--prompt-len`` prefill of the ``single`` engine under the torch profiler (after
-  a warm-up prefill): wall time, device busy time, and device time by kernel and by kind (GEMM,
+  a warm-up prefill; ``--profile-prompts N``: N such prompts submitted together, packed into shared
+  steps as C=128's 1K prompts are, e.g. 16 x 1024 = one step budget): wall time, device busy time, and device time by kernel and by kind (GEMM,
   attention, rope, norms, SwiGLU, KV write, other): where the prefill's time goes besides attention;
   and the device's idle gaps over 50 us (count, total, the largest with the kernels around them).
 - ``long``: one ``--long-len`` (32768) prompt under a ``--budget`` (2048) step budget: served?, TTFT.
@@ -160,11 +161,13 @@ def _ids(n, seed):
     return np.random.default_rng(seed).integers(3, 320, n).tolist()
 
 
-def _ttft(engine, rid, prompt):
+def _ttft(engine, rid, *prompts):
+    """Seconds until every prompt (submitted together: packed into shared steps) has its first token."""
     from rlt.platform import SamplingParams
 
     t = time.perf_counter()
-    engine.add_request(rid, prompt, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"{rid}-{i}", prompt, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
     return time.perf_counter() - t
@@ -201,12 +204,13 @@ def profile(model, args):
 
     from benchmarks.profile_step import _is_device_event, _union_us
 
-    engine = _engine(model, max_num_seqs=4)
-    _ttft(engine, "warm", _ids(args.prompt_len, 0))
+    n = args.profile_prompts
+    engine = _engine(model, max_num_seqs=max(4, n))
+    _ttft(engine, "warm", *(_ids(args.prompt_len, i) for i in range(n)))
     cuda = torch.cuda.is_available()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with torch_profile(activities=acts, with_stack=bool(args.trace)) as prof:
-        wall = _ttft(engine, "prof", _ids(args.prompt_len, 1))
+        wall = _ttft(engine, "prof", *(_ids(args.prompt_len, n + i) for i in range(n)))
     if args.trace:  # the timeline (host ops and kernels) for chrome://tracing or Perfetto
         prof.export_chrome_trace(args.trace)
     kernels = [e for e in prof.events() if _is_device_event(e)]
@@ -241,7 +245,8 @@ def profile(model, args):
             "host_before_first_kernel_ms": round((first_k - t_start) / 1e3, 3),
             "host_after_last_kernel_ms": round((t_end - last_k) / 1e3, 3),
             "host_ops_before_first_kernel_ms": [(n[:60], round(us / 1e3, 3)) for n, us in
-                                                sorted(before.items(), key=lambda kv: -kv[1])[:12]], "prompt_len": args.prompt_len, "wall_ms_profiled": wall * 1e3,
+                                                sorted(before.items(), key=lambda kv: -kv[1])[:12]], "prompt_len": args.prompt_len, "prompts": n,
+            "wall_ms_profiled": wall * 1e3, "prompt_tok_per_s": n * args.prompt_len / wall,
             "device_busy_ms": busy / 1e3, "device_kernel_ms": sum(by_name.values()) / 1e3,
             "kernels": len(kernels), "ms_by_kind": {k: round(v / 1e3, 3) for k, v in kinds.items()},
             "top_kernels_ms": [(n[:90], round(us / 1e3, 3)) for n, us in top],
@@ -405,6 +410,7 @@ def main(argv=None):
     ap.add_argument("--modes", nargs="+", default=["full", "chunked", "wavefront", "chunked-r2", "budget2048"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--trace", default=None, help="profile: also write the chrome trace (host ops + kernels) here")
+    ap.add_argument("--profile-prompts", type=int, default=1, help="profile: prompts of --prompt-len submitted together")
     ap.add_argument("--out", default="prefill_bench.json")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")

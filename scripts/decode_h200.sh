@@ -52,6 +52,7 @@ for variant in ${VARIANTS:-base decode}; do
   tiles=${RLT_LINEAR_TILES:-}
   uva=
   case $variant in  # base: the base engine; decode: rlt-decode's features; nopipe: rlt-decode without its pipeline
+    none) continue ;;  # VARIANTS=none: no offline runs (a PROFILE alone)
     decode) extra=(--feature-module rlt.decode.feature) ;;
     nopipe) extra=(--feature-module rlt.decode.feature --disable-feature pipeline) ;;
     unfused) extra=(--feature-module rlt.decode.feature); fused=0 ;;

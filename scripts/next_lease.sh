@@ -14,6 +14,10 @@
 #   h  (carrying .whl/fa4b, right after g and g2 on the warm machine) FA4 installed: the FA4 GPU tests, 8K prefill with FA4
 #      for prompt rows (dense by default now: `dense0` is RLT_DENSE_PREFILL=0), then C=128 1K/128 end to end with
 #      rlt-decode + rlt-prefill composed (2,346 in lease 8, target 2,500)
+#   i  (after h, FA4 from /tmp/site) where C=128 1K/128's time goes: its prefill phase (16 x 1K prompts packed into
+#      one step budget, under the profiler: GEMM / attention / norms / SwiGLU / other; lease 8: 36 prefill steps of
+#      ~82 ms, ~27 ms of each not GEMM by the 8K profile's rates) and its decode step (PROFILE c=128: 8.35 ms per loop
+#      step against the 7.06 ms floor) — what the 6.2 % to the 2,500 target would come from
 #   a  the whole GPU suite; FA4's tests too when h installed it on this machine (/tmp/site)
 #   d  self-speculation re-measured on this build (scripts/spec_h200.sh: d=1/2, K=2..8, measured acceptance)
 # Older calls kept for re-runs: b/bc/c (folds, prefetch: measured slower), e (Triton dense prefill: measured), f
@@ -21,7 +25,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..h, g2}
+CALL=${CALL:?set CALL to one of a..i, g2}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -90,5 +94,12 @@ case $CALL in
     done
     SKIP_TESTS=1 VARIANTS="${H_VARIANTS:-full}" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=${H_TIMEOUT:-150} \
       ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
+  i)
+    [ -d /tmp/site/flash_attn ] && export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH"
+    timeout 200 python3 -m benchmarks.prefill_bench --workload profile --prompt-len 1024 --profile-prompts 16 \
+      --out "$R/prefill-16x1k-profile.json" > "$R/prefill-16x1k-profile.log" 2>&1
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1]))[0]; print({k: r[k] for k in ('wall_ms_profiled', 'prompt_tok_per_s', 'device_busy_ms', 'ms_by_kind', 'attention')}); print(r['top_kernels_ms'][:8])" "$R/prefill-16x1k-profile.json"
+    SKIP_TESTS=1 VARIANTS=none PROFILE="c=128,in=1024" PROFILE_ARGS="--feature-module rlt.decode.feature --disable-feature graphs --disable-feature pipeline" \
+      PROFILE_TIMEOUT=250 OUT=$R bash scripts/decode_h200.sh ;;
   *) echo "unknown CALL $CALL"; exit 2 ;;
 esac
