@@ -97,3 +97,15 @@ def test_requests_aborted_before_their_prompt_ran_end_cleanly(served):
     assert state.engine.in_flight == 0
     ok = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "echo": True, "logprobs": 1})
     assert ok.status_code == 200 and ok.json()["choices"][0]["logprobs"]["token_logprobs"][1] is not None
+
+
+@pytest.mark.parametrize("field", ["shutdown_timeout", "body_read_timeout", "watchdog_timeout"])
+def test_http_options_refuse_nan(field):
+    """``--watchdog-timeout nan`` (argparse reads it as a float) used to be accepted and turn the
+    watchdog (or the body read timeout) silently off; it is refused, naming the flag."""
+    from rlt.serve.feature import HttpOptions
+
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(ValueError, match=f"^{flag} must be >= 0"):
+        HttpOptions(**{field: float("nan")})
+    HttpOptions(**{field: 0.0})

@@ -17,7 +17,7 @@ from rlt.platform.platforms import Capability
 
 def _at_least(minimum):
     def check(inst, attr, value):
-        if value < minimum:
+        if not value >= minimum:  # (NaN too: it compares false with everything)
             raise ValueError(f"{attr.metadata.get('flag', attr.name)} must be >= {minimum}, got {value}")
     return check
 
