@@ -1,12 +1,14 @@
 """Issue 15's pieces in-process: the watchdog, the API key check, the body read timeout, the search
 for lone surrogates, bounded tokenising (the prefix probe for a tokenizer with no per-token bound),
-and ``param`` taken from rlt's errors."""
+``param`` taken from rlt's errors, and big bodies (read off the event loop, cheap limits first)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
+from functools import partial
 
 import pytest
 from starlette.testclient import TestClient
@@ -16,10 +18,11 @@ from rlt.platform.features import FeatureStatus
 from rlt.serve.app import create_app
 from rlt.serve.async_engine import Watchdog
 from rlt.serve.auth import ApiKeyAuth
+from rlt.serve.bodies import THREAD_MIN_BYTES, parse_body
 from rlt.serve.errors import BadRequest, from_rlt_error
 from rlt.serve.feature import HttpOptions
 from rlt.serve.limits import BodySizeLimit
-from rlt.serve.protocol import ChatCompletionRequest
+from rlt.serve.protocol import ChatCompletionRequest, CompletionRequest
 from rlt.serve.routes import router
 from rlt.serve.server import build_state, resolve_api_key
 from rlt.serve.state import PROBE_CHARS_PER_TOKEN, find_lone_surrogate
@@ -206,3 +209,87 @@ def test_docs_switch(state):
             assert c.get("/openapi.json").status_code == 200 and c.get("/docs").status_code == 200
     finally:
         state.options = HttpOptions()
+
+
+# -- big bodies ------------------------------------------------------------------------------------
+def _many_prompts(count: int) -> bytes:
+    return json.dumps({"prompt": [[1]] * count, "max_tokens": 2}).encode()
+
+
+def test_a_big_body_is_parsed_off_the_event_loop(state, monkeypatch):
+    """While a big body is being decoded, /health is answered: the decoding (held here until
+    /health has answered, or a deadlock guard ran out) runs in a worker thread, not on the loop."""
+    import httpx
+
+    big = _many_prompts(300_000)
+    assert len(big) > THREAD_MIN_BYTES
+    real_loads = json.loads
+    decoding, health_answered = threading.Event(), threading.Event()
+
+    def held_loads(s, *args, **kwargs):
+        if len(s) >= len(big):
+            decoding.set()
+            health_answered.wait(10)  # the guard: on the loop this would hold /health for 10 s
+        return real_loads(s, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", held_loads)
+    app = create_app(state, [router])
+    order = []
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://rlt", timeout=60) as c:
+                async def post_big():
+                    r = await c.post("/v1/completions", content=big, headers={"content-type": "application/json"})
+                    order.append("big")
+                    return r
+
+                task = asyncio.ensure_future(post_big())
+                assert await asyncio.to_thread(decoding.wait, 10)
+                health = await c.get("/health")
+                order.append("health")
+                health_answered.set()
+                return health, await task
+
+    health, r = asyncio.run(main())
+    assert order == ["health", "big"]
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    # the big body gets the answer it always got
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "prompt"
+    assert err["message"].startswith("prompt: this request needs 300000 generations (prompts x n) but this server "
+                                     f"runs at most {state.engine.capacity} at once")
+
+
+def test_a_batch_that_can_never_fit_is_refused_before_its_prompts_are_walked(state, monkeypatch):
+    import rlt.serve.bodies as bodies
+    import rlt.serve.protocol as protocol
+    from rlt.serve.serving import check_prompt_count
+
+    walked = []
+    monkeypatch.setattr(protocol, "check_prompt_shape", lambda v: walked.append("shape"))
+    monkeypatch.setattr(bodies, "check_text", lambda v: walked.append("text"))
+    cap = state.engine.capacity
+    for n, want in ((1, cap + 1), (2, 2 * (cap + 1)), ("2", cap + 1)):  # an invalid n counts as 1 here
+        body = json.dumps({"prompt": [[1]] * (cap + 1), "n": n}).encode()
+        with pytest.raises(BadRequest) as e:
+            parse_body(body, "application/json", CompletionRequest, partial(check_prompt_count, state))
+        assert e.value.param == "prompt" and f"needs {want} generations" in e.value.message
+    assert walked == []
+    # a batch that fits, and one long prompt of token ids, go on to be validated and searched
+    for prompt in ([[1]] * cap, [1] * (cap + 1)):
+        body = json.dumps({"prompt": prompt}).encode()
+        parse_body(body, "application/json", CompletionRequest, partial(check_prompt_count, state))
+    assert walked == ["shape", "text"] * 2
+
+
+def test_fields_the_server_ignores_are_not_searched():
+    junk = [[1, "a\ud800"]] * 1000
+    assert find_lone_surrogate(CompletionRequest.model_validate({"prompt": "x", "junk": junk})) is None
+    assert find_lone_surrogate(CompletionRequest.model_validate(
+        {"prompt": "x", "stream": True, "stream_options": {"junk": "\ud800"}})) is None
+    # a message's further fields go to the chat template: they are searched
+    chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x", "junk": "\ud800"}]})
+    assert find_lone_surrogate(chat) == ("messages.0.junk", 0, "\ud800")
+    assert find_lone_surrogate(CompletionRequest.model_validate({"prompt": "x", "stop": ["\ud800"]}))[0] == "stop.0"

@@ -14,7 +14,7 @@ This module builds no responses and touches no engine.
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -30,6 +30,8 @@ PromptItem = Union[str, list[int]]
 
 class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
+    #: whether the server reads this model's unknown fields (else they are only warned about)
+    uses_extra_fields: ClassVar[bool] = False
 
     def warn_unknown(self, endpoint: str) -> None:
         if self.model_extra:
@@ -47,25 +49,40 @@ def _is_int(v: Any) -> bool:
 
 def normalize_prompt(value: Any) -> tuple[list[PromptItem], bool]:
     """``str | list[str] | list[int] | list[list[int]]`` -> (prompts, was_a_batch)."""
+    check_prompt_shape(value)
+    return _prompt_items(value)
+
+
+def check_prompt_shape(value: Any) -> None:
+    """ValueError unless ``value`` is one of the prompt shapes :func:`normalize_prompt` takes."""
     shape = "a string, a list of strings, a list of token ids, or a list of token-id lists"
     if isinstance(value, str):
-        return [value], False
+        return
     if not isinstance(value, list):
         raise ValueError(f"must be {shape}")
     if not value:
         raise ValueError("must not be empty")
-    if all(isinstance(v, str) for v in value):
-        return list(value), True
-    if all(_is_int(v) for v in value):
-        return [list(value)], False
+    if all(isinstance(v, str) for v in value) or all(_is_int(v) for v in value):
+        return
     if all(isinstance(v, list) for v in value):
         for i, v in enumerate(value):
             if not v:
                 raise ValueError(f"token-id list {i} is empty")
             if not all(_is_int(t) for t in v):
                 raise ValueError(f"token-id list {i} must hold integers only")
-        return [list(v) for v in value], True
+        return
     raise ValueError(f"must be {shape}, not a mixture")
+
+
+def _prompt_items(value: Any) -> tuple[list[PromptItem], bool]:
+    """:func:`normalize_prompt` of a value whose shape was checked (its first item tells the shape)."""
+    if isinstance(value, str):
+        return [value], False
+    if isinstance(value[0], str):
+        return list(value), True
+    if isinstance(value[0], list):
+        return [list(v) for v in value], True
+    return [list(value)], False
 
 
 #: Fields rlt accepts only at these values (OpenAI / vLLM defaults).
@@ -189,11 +206,11 @@ class CompletionRequest(SamplingFields):
     @field_validator("prompt", mode="before")
     @classmethod
     def _prompt_shape(cls, v):
-        normalize_prompt(v)
+        check_prompt_shape(v)
         return v
 
     def prompts(self) -> tuple[list[PromptItem], bool]:
-        return normalize_prompt(self.prompt)
+        return _prompt_items(self.prompt)  # the shape was checked when the body was validated
 
     def check_supported(self, max_n: int) -> None:
         super().check_supported(max_n)
@@ -220,6 +237,9 @@ class TextPart(_Body):
 
 
 class ChatMessage(_Body):
+    #: a message's further fields go to the chat template
+    uses_extra_fields: ClassVar[bool] = True
+
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None

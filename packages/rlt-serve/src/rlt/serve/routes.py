@@ -8,19 +8,24 @@ backend and why it was chosen, or why it is unhealthy), ``GET /metrics`` (Promet
 ``POST /tokenize``, ``POST /detokenize``, and rlt's ``GET /v1/engine`` (platform, attention
 backend, feature table, engine configuration and live stats — what the server printed at
 startup). No response holds a filesystem path: the model is named, its directory is only in the
-startup log. The handlers only unpack and delegate; the logic is in :mod:`rlt.serve.serving`.
+startup log. The handlers only unpack and delegate; the logic is in :mod:`rlt.serve.serving`. The
+POST routes read their JSON bodies through :func:`rlt.serve.bodies.read_body` (off the event loop
+when big; documented through ``openapi_extra``).
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from rlt.serve.bodies import body_doc, read_body
 from rlt.serve.info import _version
 from rlt.serve.metrics import CONTENT_TYPE_LATEST
 from rlt.serve.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from rlt.serve.serving import create_chat_completion, create_completion
-from rlt.serve.state import ServerState, check_text
+from rlt.serve.serving import check_prompt_count, create_chat_completion, create_completion
+from rlt.serve.state import ServerState
 
 router = APIRouter()
 
@@ -29,14 +34,17 @@ def _state(request: Request) -> ServerState:
     return request.app.state.rlt
 
 
-@router.post("/v1/completions")
-async def completions(body: CompletionRequest, request: Request) -> Response:
-    return await create_completion(_state(request), body, request)
+@router.post("/v1/completions", openapi_extra=body_doc(CompletionRequest))
+async def completions(request: Request) -> Response:
+    s = _state(request)
+    body = await read_body(request, CompletionRequest, partial(check_prompt_count, s))
+    return await create_completion(s, body, request)
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    return await create_chat_completion(_state(request), body, request)
+@router.post("/v1/chat/completions", openapi_extra=body_doc(ChatCompletionRequest))
+async def chat_completions(request: Request) -> Response:
+    s = _state(request)
+    return await create_chat_completion(s, await read_body(request, ChatCompletionRequest), request)
 
 
 def _card(s: ServerState, name: str) -> dict:
@@ -104,10 +112,10 @@ async def engine_info(request: Request) -> JSONResponse:
     return JSONResponse({**info, "stats": {**live, "engine_description_live": now is not None}})
 
 
-@router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
+@router.post("/tokenize", openapi_extra=body_doc(TokenizeRequest))
+async def tokenize(request: Request) -> JSONResponse:
     s = _state(request)
-    check_text(body)
+    body = await read_body(request, TokenizeRequest)
     body.warn_unknown("/tokenize")
     s.check_model(body.model)
     body.check()
@@ -126,9 +134,10 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     return JSONResponse(out)
 
 
-@router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
+@router.post("/detokenize", openapi_extra=body_doc(DetokenizeRequest))
+async def detokenize(request: Request) -> JSONResponse:
     s = _state(request)
+    body = await read_body(request, DetokenizeRequest)
     body.warn_unknown("/detokenize")
     s.check_model(body.model)
     s.check_token_ids(body.tokens, "tokens")

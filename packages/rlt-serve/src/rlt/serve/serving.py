@@ -46,7 +46,7 @@ from rlt.platform.sampling_params import SamplingParams
 from rlt.serve.async_engine import Generation, Item
 from rlt.serve.errors import EngineFault, from_rlt_error
 from rlt.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, seed_for_choice
-from rlt.serve.state import ServerState, check_text
+from rlt.serve.state import ServerState
 
 DONE = "data: [DONE]\n\n"
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -449,8 +449,20 @@ def _check_fits(state: ServerState, num_prompts: int, n: int) -> None:
     state.check_fits(num_prompts * n, "prompt")
 
 
+def check_prompt_count(state: ServerState, data: Any) -> None:
+    """The decoded body of a completion request, before it is validated or searched: a batch of
+    more prompts than the server can ever hold is refused at once (the message of
+    :func:`_check_fits`), not after walking each of its (maybe a million) prompts."""
+    prompt = data.get("prompt") if isinstance(data, dict) else None
+    if not isinstance(prompt, list) or len(prompt) <= state.engine.capacity or not isinstance(prompt[0], (str, list)):
+        return  # not a batch (a single prompt's token ids may be long), or one that may fit
+    n = data.get("n", 1)
+    valid_n = type(n) is int and 1 <= n <= state.options.max_n
+    _check_fits(state, len(prompt), n if valid_n else 1)
+
+
 async def create_completion(state: ServerState, body: CompletionRequest, request: Request) -> Response:
-    check_text(body)
+    """``body`` was read by :func:`rlt.serve.bodies.read_body` (so its text is valid Unicode)."""
     body.warn_unknown("/v1/completions")
     model = state.check_model(body.model)
     body.check_supported(state.options.max_n)
@@ -476,7 +488,7 @@ async def create_completion(state: ServerState, body: CompletionRequest, request
 
 
 async def create_chat_completion(state: ServerState, body: ChatCompletionRequest, request: Request) -> Response:
-    check_text(body)
+    """``body`` was read by :func:`rlt.serve.bodies.read_body` (so its text is valid Unicode)."""
     body.warn_unknown("/v1/chat/completions")
     model = state.check_model(body.model)
     body.check_supported(state.options.max_n)

@@ -42,7 +42,9 @@ _WS = re.compile(r"\s")
 
 def find_lone_surrogate(value: Any, path: str = "") -> tuple[str, int, str] | None:
     """The first string in a request (a pydantic model, dicts, lists) holding a lone surrogate:
-    (field path such as ``messages.0.content``, index, the character), or None."""
+    (field path such as ``messages.0.content``, index, the character), or None. Unknown fields of
+    a model are searched only where the server uses them (``uses_extra_fields``, true unless the
+    model says otherwise): an ignored field is never walked, however big."""
     stack = [(path, value)]
     while stack:
         where, v = stack.pop()
@@ -51,7 +53,9 @@ def find_lone_surrogate(value: Any, path: str = "") -> tuple[str, int, str] | No
             if at >= 0:
                 return where or "body", at, v[at]
         elif isinstance(v, BaseModel):
-            items = list(v)
+            items = [(k, getattr(v, k)) for k in type(v).model_fields]
+            if v.model_extra and getattr(v, "uses_extra_fields", True):
+                items += v.model_extra.items()
             stack.extend((f"{where}.{k}" if where else k, x) for k, x in reversed(items))
         elif isinstance(v, dict):
             for k, x in reversed(list(v.items())):
