@@ -293,3 +293,45 @@ def test_fields_the_server_ignores_are_not_searched():
     chat = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x", "junk": "\ud800"}]})
     assert find_lone_surrogate(chat) == ("messages.0.junk", 0, "\ud800")
     assert find_lone_surrogate(CompletionRequest.model_validate({"prompt": "x", "stop": ["\ud800"]}))[0] == "stop.0"
+
+
+# -- errors name their field ------------------------------------------------------------------------
+def _error(r, status=400):
+    assert r.status_code == status, r.text
+    return r.json()["error"]
+
+
+def test_engine_and_template_errors_name_their_field(tiny_checkpoint):
+    # 8 KV blocks of 16 tokens x 4 depth planes: a request can hold at most 32 positions
+    engine = LLMEngine(EngineConfig(model=str(tiny_checkpoint(seed=5)), dtype="float32", num_kv_blocks=8,
+                                    block_size=16, max_num_seqs=2, max_model_len=256))
+    assert engine.num_loops == 4
+    status = FeatureStatus("http", "rlt-serve", True, True, True, "enabled")
+    st = build_state(engine, statuses=[status], options=HttpOptions(), served_names=["tiny"])
+    with TestClient(create_app(st, [router])) as c:
+        # the prompt alone is too big for the pool, whatever max_tokens: the prompt is named
+        e = _error(c.post("/v1/completions", json={"prompt": [7] * 40, "max_tokens": 2}))
+        assert e["param"] == "prompt" and "prompt alone" in e["message"] and "the pool has 8" in e["message"]
+        long_chat = [{"role": "user", "content": " ".join(["hello"] * 10)}]
+        e = _error(c.post("/v1/chat/completions", json={"messages": long_chat, "max_completion_tokens": 2}))
+        assert e["param"] == "messages" and "prompt alone" in e["message"]
+        # the prompt fits, prompt + max_tokens does not: max_tokens (max_completion_tokens in chat) is named
+        e = _error(c.post("/v1/completions", json={"prompt": [7] * 20, "max_tokens": 20}))
+        assert e["param"] == "max_tokens" and "lower max_tokens" in e["message"]
+        short_chat = [{"role": "user", "content": "hi"}]
+        e = _error(c.post("/v1/chat/completions", json={"messages": short_chat, "max_completion_tokens": 60}))
+        assert e["param"] == "max_completion_tokens"
+        # the engine's loop-bound message leads with its field, as the others do
+        e = _error(c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "min_loops": 5}))
+        assert e["param"] == "min_loops" and e["message"] == "min_loops: 5 exceeds max_loops 4"
+        # the chat template's own raise_exception (an InvalidRequestError) is about the messages
+        tok = st.tokenizer
+        template = tok.chat_template
+        tok.chat_template, tok._template = "{{ raise_exception('roles must alternate') }}", None
+        try:
+            for path in ("/v1/chat/completions", "/tokenize"):
+                e = _error(c.post(path, json={"messages": short_chat}))
+                assert e["param"] == "messages" and "roles must alternate" in e["message"], path
+        finally:
+            tok.chat_template, tok._template = template, None
+        assert c.post("/v1/chat/completions", json={"messages": short_chat, "max_tokens": 1}).status_code == 200

@@ -206,8 +206,8 @@ class ServerState:
             try:
                 return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                           **kwargs)
-            except InvalidRequestError:  # the template's own raise_exception, or no template
-                raise
+            except InvalidRequestError as exc:  # the template's own raise_exception, or no template
+                raise BadRequest(str(exc), exc.param or "messages") from None
             except Exception as exc:  # noqa: BLE001 - user data fed to the checkpoint's template
                 raise BadRequest(f"chat template failed on these messages: {type(exc).__name__}: {exc}",
                                  "messages") from None

@@ -60,7 +60,7 @@ class InputProcessor:
         if max_loops > ctx.num_loops:
             raise InvalidRequestError(f"max_loops {max_loops} exceeds the engine's {ctx.num_loops} loops", "max_loops")
         if params.min_loops > max_loops:
-            raise InvalidRequestError(f"min_loops {params.min_loops} exceeds max_loops {max_loops}", "min_loops")
+            raise InvalidRequestError(f"min_loops: {params.min_loops} exceeds max_loops {max_loops}", "min_loops")
         executor = ctx.parts.executor
         if params.prompt_logprobs is not None and not getattr(executor, "supports_prompt_logprobs", False):
             raise InvalidRequestError(f"prompt_logprobs: this engine's executor ({type(executor).__name__}) "
@@ -90,6 +90,12 @@ class InputProcessor:
             if ctx.model.has_initial_state else 0.0,
         )
         if not self.kv.can_ever_fit(req):
+            need = self.kv.blocks_for(n, max_loops)
+            if need > self.kv.num_blocks:  # the prompt alone, whatever max_tokens
+                raise InvalidRequestError(
+                    f"request needs {need} KV blocks for its prompt alone ({n} positions x up to {max_loops} depth "
+                    f"planes) but the pool has {self.kv.num_blocks}; shorten the prompt or give the KV cache more "
+                    "memory", "prompt")
             need = self.kv.blocks_for(req.max_positions, max_loops)
             raise InvalidRequestError(
                 f"request needs {need} KV blocks ({req.max_positions} positions x up to {max_loops} depth planes) "
