@@ -141,3 +141,13 @@ def test_tokenize_detokenize_and_the_chat_template(client):
     assert thinking[:len(plain)] == plain and len(thinking) > len(plain)
     _is_error(client.post("/detokenize", json={"tokens": [10**6]}), 400, "tokens")
     _is_error(client.post("/tokenize", json={}), 400)
+
+
+def test_chat_names_an_invalid_max_tokens_even_beside_max_completion_tokens(client):
+    msgs = [{"role": "user", "content": "hi"}]
+    for extra in ({}, {"max_completion_tokens": 2}):
+        e = _is_error(client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": -5, **extra}), 400,
+                      "max_tokens")
+        assert e["message"].startswith("max_tokens: must be an integer in [1, ") and "got -5" in e["message"]
+    r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 50, "max_completion_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2

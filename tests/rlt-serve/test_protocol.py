@@ -161,6 +161,16 @@ def test_bad_chat_fields(body, param):
     assert info.value.param == param
 
 
+@pytest.mark.parametrize("body", [{"max_tokens": -5}, {"max_tokens": 0}, {"max_tokens": -5, "max_completion_tokens": 5},
+                                  {"max_tokens": 0, "max_completion_tokens": 5}])
+def test_an_invalid_max_tokens_is_named_whichever_limit_is_used(body):
+    r = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}], **body})
+    with pytest.raises((BadRequest, InvalidRequestError)) as info:
+        r.check_supported(max_n=4)
+        r.to_params()
+    assert info.value.param == "max_tokens" and str(info.value).startswith("max_tokens: must be an integer in [1, ")
+
+
 def test_image_content_parts_are_refused():
     r = ChatCompletionRequest.model_validate(
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})

@@ -18,8 +18,9 @@ from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from rlt.platform.errors import InvalidRequestError
 from rlt.platform.sampling_params import MAX_LOGPROBS, SamplingParams
-from rlt.serve.errors import BadRequest
+from rlt.serve.errors import BadRequest, from_rlt_error
 
 log = logging.getLogger("rlt.serve")
 _U64 = 2**64
@@ -315,6 +316,11 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
         if self.max_completion_tokens is not None and self.max_completion_tokens < 1:
             raise BadRequest(f"max_completion_tokens: must be an integer >= 1, got {self.max_completion_tokens}",
                              "max_completion_tokens")
+        if self.max_completion_tokens is not None and self.max_tokens is not None:
+            try:  # max_completion_tokens is the one used, but an invalid max_tokens is not ignored
+                SamplingParams(max_tokens=self.max_tokens)
+            except InvalidRequestError as exc:
+                raise from_rlt_error(exc) from None
 
     def to_params(self) -> SamplingParams:
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
