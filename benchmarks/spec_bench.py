@@ -113,7 +113,8 @@ class Bench:
         enabled = {"self_spec": True, "async_self_spec": overlap}
         if not decode:
             enabled.update({f.name: False for f in self.decode_features})
-        feature_options = {"self_spec": SpecOptions(adaptive=adaptive, **(options or {}))}
+        chain_lag = {} if a.chain_lag is None else {"chain_lag": a.chain_lag}
+        feature_options = {"self_spec": SpecOptions(adaptive=adaptive, **{**chain_lag, **(options or {})})}
         if decode and a.pipeline_depth is not None:
             pipeline = next(f for f in self.decode_features if f.name == "pipeline")
             feature_options["pipeline"] = pipeline.options(depth=a.pipeline_depth)
@@ -203,6 +204,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--pipeline-depth", type=int, default=None,
                     help="rlt-decode's --pipeline-depth for every default-build engine (default: its own); overlapped "
                          "chains read verdicts this many steps late")
+    ap.add_argument("--chain-lag", type=int, default=None,
+                    help="--self-spec-chain-lag for every engine (default: its own): steps in flight while a chain "
+                         "is open (at most the pipeline's depth)")
     ap.add_argument("--work-dir")
     ap.add_argument("--out-dir", default="benchmarks/results/spec-latest")
     args = ap.parse_args(argv)

@@ -20,12 +20,14 @@
 #      step against the 7.06 ms floor) — what the 6.2 % to the 2,500 target would come from
 #   a  the whole GPU suite; FA4's tests too when h installed it on this machine (/tmp/site)
 #   d  self-speculation re-measured on this build (scripts/spec_h200.sh: d=1/2, K=2..8, measured acceptance)
+#   d2 the chains' new default --self-spec-chain-lag 1 (one step in flight while a chain is open; lease 6 measured
+#      --pipeline-depth 1 at +1-7 % for chains) against 2 (the old behaviour: the pipeline's depth), back to back
 # Older calls kept for re-runs: b/bc/c (folds, prefetch: measured slower), e (Triton dense prefill: measured), f
 # (device-planned steps: measured). Record everything in $OUT/README.md (device, versions, command, median of three
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, g2}
+CALL=${CALL:?set CALL to one of a..i, d2, g2}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -53,6 +55,11 @@ case $CALL in
       EXTRA_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=35,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
   d)
     OUT=$R bash scripts/spec_h200.sh ;;
+  d2)
+    for lag in 2 1; do
+      SKIP_TESTS=1 BENCH_TIMEOUT=150 BENCH_ARGS="--scales 0.002,0.001 --targets 0.92,0.98 --ks 8 --ds 1,2 --big-c 0 --chain-lag $lag" \
+        OUT=$R/chainlag$lag bash scripts/spec_h200.sh | tail -12
+    done ;;
   e)
     timeout 240 python3 benchmarks/attention_bench.py --out "$R/attention_bench.json" > "$R/attention_bench.log" 2>&1
     grep -E "prefill|ceilings" "$R/attention_bench.log" | head -12

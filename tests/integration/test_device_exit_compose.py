@@ -50,10 +50,10 @@ def test_with_overlapped_speculation(tiny_checkpoint, tmp_path):
     path = scale_loop_updates(tiny_checkpoint(seed=8, gate_bias=0.5), tmp_path / "ck", 0.05)
     config = EngineConfig(model=str(path), dtype="float32", block_size=4, max_num_seqs=4)
 
-    def engine(device_exit):
+    def engine(device_exit):  # chains read back two steps late, as the pipeline: runs meet verdicts due
         return build_engine(config, features=spec_features() + DECODE,
                             enabled={"self_spec": True, "async_self_spec": True},
-                            options={"self_spec": SpecOptions(adaptive=False),
+                            options={"self_spec": SpecOptions(adaptive=False, chain_lag=2),
                                      "pipeline": PipelineOptions(depth=2, device_exit=device_exit)})
 
     items = [([5, 9, 13, 200, 31], SamplingParams(max_tokens=30, **ADA)),

@@ -1,5 +1,5 @@
 """Every feature package composed at random on CPU: seeded random engines (rlt-decode static buffers
-+ pipeline on/off at depths 0-3, device-planned steps under adaptive exit on/off, synchronous or overlapped speculation, prefix cache, preemption by swap / recompute /
++ pipeline on/off at depths 0-3 (chains' verdict lag 0-3), device-planned steps under adaptive exit on/off, synchronous or overlapped speculation, prefix cache, preemption by swap / recompute /
 auto in small pools, chunked or wavefront prefill at several chunk sizes and budgets) serving random
 requests that arrive while others run: greedy ones (some with stop ids, fewer loops, logprobs) must be
 token-identical to the oracle, seeded sampled ones run to their length, some are aborted mid-way, and
@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import re
 
+import attrs
 import pytest
 import torch
 
@@ -54,6 +55,8 @@ def _engine(rng: random.Random, path):
                "pipeline": PipelineOptions(depth=rng.choice([0, 1, 2, 3]), device_exit=rng.random() < 0.6)}
     if pre:
         options["preemption"] = PreemptionOptions(mode=pre, watermark=0.0)
+    if rng.random() < 0.5:  # chains' verdict lag below the pipeline's depth (the default is 1)
+        options["self_spec"] = attrs.evolve(options["self_spec"], chain_lag=rng.choice([0, 1, 2, 3]))
     cfg = EngineConfig(model=str(path), dtype="float32", block_size=4, max_num_batched_tokens=rng.choice([16, 32, 64]),
                        max_num_seqs=rng.choice([2, 4, 6]), num_kv_blocks=rng.choice([48, 64, 200]) if pre else 400)
     engine = build_engine(cfg, features=spec_features() + KVCACHE + PREFILL + DECODE, enabled=enabled, options=options)

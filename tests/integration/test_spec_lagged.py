@@ -24,16 +24,17 @@ from rlt.spec.stats import SpecStats
 from compose_helpers import run_with_arrivals
 
 
-def _engine(path, depth: int | None, spec: bool = True, **cfg):
+def _engine(path, depth: int | None, spec: bool = True, chain_lag: int | None = None, **cfg):
     """With self_spec (overlapped chains) and rlt-decode (pipeline at ``depth``; None: plain engine
-    without speculation or rlt-decode, the reference)."""
+    without speculation or rlt-decode, the reference); chains read back ``chain_lag`` steps late
+    (None: the pipeline's depth)."""
     config = EngineConfig(model=str(path), dtype="float32", block_size=4, **{"max_num_seqs": 4, **cfg})
     if depth is None:
         return build_engine(config, features=spec_features() + DECODE,
                             enabled={f.name: False for f in DECODE} | {"self_spec": False})
     return build_engine(config, features=spec_features() + DECODE,
                         enabled={"self_spec": spec, "async_self_spec": spec},
-                        options={"self_spec": SpecOptions(adaptive=False),
+                        options={"self_spec": SpecOptions(adaptive=False, chain_lag=depth if chain_lag is None else chain_lag),
                                  "pipeline": PipelineOptions(depth=depth)})
 
 
@@ -67,6 +68,39 @@ def test_lagged_chains_are_exact_at_every_pipeline_depth(tiny_checkpoint, tmp_pa
         assert stats.acceptance > 0.5
     kv = engine.stats()
     assert kv.num_free_kv_blocks == kv.num_kv_blocks
+
+
+def test_open_chains_keep_chain_lag_steps_in_flight(tiny_checkpoint, tmp_path):
+    """By default (``chain_lag`` 1) a pipeline of depth 3 keeps at most one step in flight while a chain
+    is open — its verdicts are read one step late — and its own depth otherwise; the tokens are plain
+    decoding's."""
+    from rlt.spec.feature import CHAIN_LAG
+
+    path = scale_loop_updates(tiny_checkpoint(seed=8), tmp_path / "ck", 0.03)
+    items = _items(9)
+    want = run_with_arrivals(_engine(path, None), [(p, sp.with_(speculation=None)) for p, sp in items], 3)
+    config = EngineConfig(model=str(path), dtype="float32", block_size=4, max_num_seqs=4)
+    engine = build_engine(config, features=spec_features() + DECODE, enabled={"self_spec": True, "async_self_spec": True},
+                          options={"self_spec": SpecOptions(adaptive=False), "pipeline": PipelineOptions(depth=3)})
+    scheduler, loop = engine.ctx.parts.scheduler, engine.ctx.parts.step_loop
+    assert scheduler.lag == CHAIN_LAG == 1
+    seen = {"open": 0, "closed": []}
+    step = engine.step
+
+    def watched():
+        out = step()
+        if scheduler.chains:
+            seen["open"] += 1
+            assert len(loop._in_flight) <= CHAIN_LAG
+        else:
+            seen["closed"].append(len(loop._in_flight))
+        return out
+
+    engine.step = watched
+    got = run_with_arrivals(engine, items, 3)
+    for w, g in zip(want, got):
+        assert g.error is None and list(g.token_ids) == list(w.token_ids), g.request_id
+    assert seen["open"] > 10 and max(seen["closed"], default=0) <= 3
 
 
 @pytest.mark.parametrize("depth", [1, 3])

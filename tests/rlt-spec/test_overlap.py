@@ -192,20 +192,26 @@ def test_lag_adds_its_steps_to_every_rejection():
 
 
 def test_verdict_lag_follows_the_composition():
-    """Chains are read back with rlt-decode's pipeline depth when its static buffers and pipeline are
-    on, and at once otherwise — also with rlt-kvcache's preemption, before which the pipeline drains."""
+    """Chains are read back with rlt-decode's pipeline depth, at most ``chain_lag``, when its static buffers
+    and pipeline are on, and at once otherwise — also with rlt-kvcache's preemption, before which the
+    pipeline drains."""
     from types import SimpleNamespace
 
-    from rlt.spec.feature import verdict_lag
+    from rlt.spec.feature import CHAIN_LAG, SpecOptions, verdict_lag
 
-    def lag(*names, depth=3):
+    def lag(*names, depth=3, chain_lag=3):
         opts = {n: SimpleNamespace(depth=depth) if n == "pipeline" else object() for n in names}
-        return verdict_lag(SimpleNamespace(feature_options=opts))
+        return verdict_lag(SimpleNamespace(feature_options=opts), SpecOptions(chain_lag=chain_lag))
 
     assert lag("static_buffers", "pipeline") == 3
     assert lag("static_buffers", "pipeline", depth=1) == 1
+    assert lag("static_buffers", "pipeline", chain_lag=0) == 0
+    assert lag("static_buffers", "pipeline", chain_lag=2) == 2
     assert lag("pipeline") == 0 and lag("static_buffers") == 0
     assert lag("static_buffers", "pipeline", "preemption") == 0
+    assert SpecOptions().chain_lag == CHAIN_LAG == 1
+    with pytest.raises(Exception, match="--self-spec-chain-lag"):
+        SpecOptions(chain_lag=-1)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlapped"])

@@ -174,11 +174,17 @@ class PipelinedStepLoop:
         else:
             self._in_flight.append((launched, None))
         outputs = []
-        limit = 0 if self.drain_every_step else self.depth
+        limit = 0 if self.drain_every_step else self._depth_now(core)
         while len(self._in_flight) > limit:
             outputs += self._complete(core, self._in_flight.popleft())
         self.stats.launched(len(self._in_flight))
         return outputs
+
+    def _depth_now(self, core) -> int:
+        """Steps kept in flight now: the depth, or fewer while the policy asks (``max_in_flight``: e.g. an
+        open speculative chain, whose verdicts are read that many steps late)."""
+        ask = getattr(core.scheduler, "max_in_flight", None)
+        return self.depth if ask is None else min(self.depth, ask)
 
     def _complete(self, core, entry) -> list:
         launched, place = entry

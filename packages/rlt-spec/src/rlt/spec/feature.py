@@ -54,6 +54,11 @@ GRAPH_STEP_COST = 1.2
 #: step has a draft reaching its exit (the value rounds up the d = 2 one: d = 1 drafts gain more per step,
 #: so the lower cost only makes adaptive K slightly more willing there).
 LAGGED_STEP_COST = 1.1
+#: ``chain_lag``'s default: lease 6 (H200, C = 1) measured chains at pipeline depth 1 against 2 — d = 2:
+#: 1.67x vs 1.60x plain at acceptance 0.918, 1.83x vs 1.81x at 0.98; d = 1: 2.51x vs 2.34x, 3.09x vs
+#: 2.99x — with plain decoding unchanged; plain steps keep the pipeline's own depth (host slack when
+#: serving many requests, where the max_running gate keeps chains off anyway).
+CHAIN_LAG = 1
 
 @attrs.frozen
 class SpecOptions:
@@ -76,10 +81,14 @@ class SpecOptions:
                 "lagged too; 1 otherwise; measured on the H200: benchmarks/spec_bench.py measures it)"})
     max_running: int = attrs.field(default=8, metadata={
         "help": "adaptive K starts no round while more than this many requests run (0: no limit)"})
+    chain_lag: int = attrs.field(default=CHAIN_LAG, metadata={
+        "help": "while an overlapped chain is open, rlt-decode's pipeline keeps at most this many steps in flight "
+                "(a rejection is read this many steps late; the pipeline's --pipeline-depth when smaller; "
+                f"default {CHAIN_LAG}: measured faster than depth 2 for chains on the H200, docs/spec.md)"})
 
     def __attrs_post_init__(self) -> None:
         for name, lo in (("num_tokens", 0), ("draft_loops", 0), ("max_num_tokens", 1), ("probe_interval", 1),
-                         ("max_running", 0)):
+                         ("max_running", 0), ("chain_lag", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < lo:
                 raise ConfigError(f"--self-spec-{name.replace('_', '-')}: must be an integer >= {lo}, got {value!r}")
@@ -137,10 +146,11 @@ def chains_lagged(features) -> bool:
     return "static_buffers" in features and "pipeline" in features and "preemption" not in features
 
 
-def verdict_lag(ctx) -> int:
-    """Steps until a chain's verdict is read: rlt-decode's pipeline depth when chains are lagged, else 0."""
+def verdict_lag(ctx, options: SpecOptions) -> int:
+    """Steps until a chain's verdict is read: rlt-decode's pipeline depth, at most ``chain_lag``, when chains
+    are lagged, else 0."""
     f = ctx.feature_options
-    return int(getattr(f["pipeline"], "depth", 0)) if chains_lagged(f) else 0
+    return min(int(getattr(f["pipeline"], "depth", 0)), options.chain_lag) if chains_lagged(f) else 0
 
 
 def install(builder, options: SpecOptions) -> None:
@@ -150,7 +160,7 @@ def install(builder, options: SpecOptions) -> None:
         resolved = attrs.evolve(options, step_cost=options.resolved_step_cost(ctx.feature_options))
         return SpeculativeScheduler(inner, options=resolved, kv=ctx.parts.kv_manager, num_loops=ctx.num_loops,
                                     max_num_batched_tokens=ctx.max_num_batched_tokens, num_slots=ctx.max_num_seqs,
-                                    overlap="async_self_spec" in ctx.feature_options, lag=verdict_lag(ctx))
+                                    overlap="async_self_spec" in ctx.feature_options, lag=verdict_lag(ctx, options))
 
     builder.wrap("scheduler", scheduler)
     builder.wrap("sampler", lambda ctx, inner: SpeculativeSampler(inner, slots=ctx.parts.slots,

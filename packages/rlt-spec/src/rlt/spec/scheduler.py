@@ -80,7 +80,8 @@ class SpeculativeScheduler(Wrapped):
     def __init__(self, inner, *, options, kv, num_loops: int, max_num_batched_tokens: int, num_slots: int,
                  overlap: bool = False, lag: int = 0) -> None:
         super().__init__(inner)
-        #: steps until a chain's verdict is read (chains read back lagged: the pipeline's depth)
+        #: steps until a chain's verdict is read (chains read back lagged: the pipeline's depth, at most
+        #: ``options.chain_lag``: :attr:`max_in_flight`)
         self.lag = lag
         #: chain rows' state-table entries (:func:`ring_entry`): the executor's slots and ring size
         self.num_slots = num_slots
@@ -97,6 +98,13 @@ class SpeculativeScheduler(Wrapped):
         self._chain_ids = 0
         #: every verified round of every request (``/metrics``: :meth:`feature_metrics`)
         self.totals = SpecStats()
+
+    @property
+    def max_in_flight(self) -> int | None:
+        """The most steps a pipelined step loop should keep in flight now (``SchedulerPolicy``): while a chain
+        is open, ``chain_lag`` — its verdicts are read that many steps late, and each rejection costs as many
+        steps (docs/spec.md); else no limit of this policy's (None)."""
+        return self.options.chain_lag if self.overlap and self.chains else None
 
     @property
     def max_decode_rows(self) -> int:

@@ -299,7 +299,9 @@ class SchedulerPolicy(Protocol):
     a step, as rlt-spec's chains do, says how many), which a static decode path sizes its buffers by.
     Optional ``rows_of(request)``: the running request's rows in the next step, as ``schedule`` would
     give them (rlt-decode's device-planned steps name the rows the device ran through it; without
-    it they never continue).
+    it they never continue). Optional ``max_in_flight``: the most steps a pipelined step loop should
+    keep in flight now, or None for the loop's own depth (a policy whose decisions wait on values read
+    back late — rlt-spec's chains — asks for fewer while it has such decisions open).
     """
 
     blocked_reason: str | None
