@@ -21,7 +21,7 @@
 #   a  the whole GPU suite; FA4's tests too when h installed it on this machine (/tmp/site)
 #   d  self-speculation re-measured on this build (scripts/spec_h200.sh: d=1/2, K=2..8, measured acceptance)
 #   d2 the chains' new default --self-spec-chain-lag 1 (one step in flight while a chain is open; lease 6 measured
-#      --pipeline-depth 1 at +1-7 % for chains) against 2 (the old behaviour: the pipeline's depth), back to back
+#      --pipeline-depth 1 at +1-7 % for chains) against 2 (the old behaviour: the pipeline's depth) and 0, back to back
 # Older calls kept for re-runs: b/bc/c (folds, prefetch: measured slower), e (Triton dense prefill: measured), f
 # (device-planned steps: measured). Record everything in $OUT/README.md (device, versions, command, median of three
 # after one warm-up); flip a default only on a measured gain.
@@ -56,7 +56,7 @@ case $CALL in
   d)
     OUT=$R bash scripts/spec_h200.sh ;;
   d2)
-    for lag in 2 1; do
+    for lag in 2 1 0; do
       SKIP_TESTS=1 BENCH_TIMEOUT=150 BENCH_ARGS="--scales 0.002,0.001 --targets 0.92,0.98 --ks 8 --ds 1,2 --big-c 0 --chain-lag $lag" \
         OUT=$R/chainlag$lag bash scripts/spec_h200.sh | tail -12
     done ;;
