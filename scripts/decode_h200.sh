@@ -10,7 +10,8 @@
 # the small-M linear kernels off, RLT_FUSED_LINEAR=0; nosplit = rlt-decode with o_proj / down_proj on
 # cuBLAS instead of split-K, RLT_SPLIT_K=0; nopdl = rlt-decode with plain kernel launches instead of
 # programmatic dependent launch, RLT_PDL=0; pdl = rlt-decode with it, RLT_PDL=1; fold = rlt-decode with the
-# last-arriver folds (merge into decode attention, add_norm_norm into split-K), RLT_FOLD=1; prefetch = rlt-decode
+# last-arriver folds (merge into decode attention, add_norm_norm into split-K), RLT_FOLD=1; foldattn / foldsplitk /
+# foldtiles = one fold site alone, RLT_FOLD=attention / split_k / tiles; prefetch = rlt-decode
 # with weight L2 prefetch before the PDL wait, RLT_PREFETCH=1; paged = rlt-decode with every prompt row on
 # the paged kernel, RLT_DENSE_PREFILL=0 (fresh rows read densely is the default); all = fold + prefetch; devexit = rlt-decode with device-planned
 # steps under adaptive exit, --pipeline-device-exit; full = rlt-decode and rlt-prefill composed (FA4 for prompt rows
@@ -61,6 +62,9 @@ for variant in ${VARIANTS:-base decode}; do
     nopdl) extra=(--feature-module rlt.decode.feature); pdl=0 ;;
     pdl) extra=(--feature-module rlt.decode.feature); pdl=1 ;;
     fold) extra=(--feature-module rlt.decode.feature); foldv=1 ;;
+    foldattn) extra=(--feature-module rlt.decode.feature); foldv=attention ;;
+    foldsplitk) extra=(--feature-module rlt.decode.feature); foldv=split_k ;;
+    foldtiles) extra=(--feature-module rlt.decode.feature); foldv=tiles ;;
     prefetch) extra=(--feature-module rlt.decode.feature); prefetch=1 ;;
     foldprefetch) extra=(--feature-module rlt.decode.feature); foldv=1; prefetch=1 ;;
     paged) extra=(--feature-module rlt.decode.feature); dense=0 ;;

@@ -18,6 +18,8 @@
 #      one step budget, under the profiler: GEMM / attention / norms / SwiGLU / other; lease 8: 36 prefill steps of
 #      ~82 ms, ~27 ms of each not GEMM by the 8K profile's rates) and its decode step (PROFILE c=128: 8.35 ms per loop
 #      step against the 7.06 ms floor) — what the 6.2 % to the 2,500 target would come from
+#   b2 the three fold sites one at a time (RLT_FOLD=attention / split_k / tiles; lease 8 measured them only all
+#      together: C=1 187.7 -> 160.7, C=64 3,408 -> 3,210): whether one of them alone pays at C=1 or C=64
 #   a  the whole GPU suite; FA4's tests too when h installed it on this machine (/tmp/site)
 #   d  self-speculation re-measured on this build (scripts/spec_h200.sh: d=1/2, K=2..8, measured acceptance)
 #   d2 the chains' new default --self-spec-chain-lag 1 (one step in flight while a chain is open; lease 6 measured
@@ -27,7 +29,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, d2, g2}
+CALL=${CALL:?set CALL to one of a..i, b2, d2, g2}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -48,6 +50,9 @@ case $CALL in
       --attention-cases 1x1024,64x1024 --out "$R/kernels.json" > "$R/kernels.log" 2>&1
     grep -E "^(qkv|o_proj|gate_up|down_proj|attention)" "$R/kernels.log" | tail -24
     SKIP_TESTS=1 VARIANTS="decode fold" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 OUT=$R bash scripts/decode_h200.sh ;;
+  b2)
+    SKIP_TESTS=1 VARIANTS="decode foldattn foldsplitk foldtiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=125 \
+      OUT=$R bash scripts/decode_h200.sh ;;
   bc)
     SKIP_TESTS=1 VARIANTS="decode fold prefetch foldprefetch" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 OUT=$R bash scripts/decode_h200.sh ;;
   c)

@@ -51,3 +51,18 @@ def test_environment_is_read_once(monkeypatch):
     assert fold.fold_enabled(types.SimpleNamespace(device=torch.device("cuda", 0))) is True  # cached per device
     fold.refresh()
     assert fold.fold_enabled(types.SimpleNamespace(device=torch.device("cuda", 0))) is False
+
+
+def test_sites_are_switched_by_name(monkeypatch):
+    """RLT_FOLD=<comma list of sites>: those folds alone (each timed on its own); 1 all, 0 none."""
+    cuda = types.SimpleNamespace(device=torch.device("cuda", 0))
+    assert _status(monkeypatch, env="attention,tiles") == ((True, "CUDA device (RLT_FOLD=attention,tiles)"), True)
+    assert [fold.fold_enabled(cuda, s) for s in fold.SITES] == [True, False, True]
+    _status(monkeypatch, env="1")
+    assert all(fold.fold_enabled(cuda, s) for s in fold.SITES)
+    _status(monkeypatch, env="0")
+    assert not any(fold.fold_enabled(cuda, s) for s in (*fold.SITES, None))
+    assert fold.parse_sites(" split_k ") == {"split_k"}
+    for bad in ("attn", "attention,merge", ",", "2"):
+        with pytest.raises(ValueError, match="RLT_FOLD="):
+            fold.parse_sites(bad)

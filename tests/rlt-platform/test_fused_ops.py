@@ -91,7 +91,7 @@ ENGINE_SCRIPT = textwrap.dedent("""
         ouro.linear_split_k = counted
     from rlt.attention.fold import fold_enabled
     tile_splits = []
-    if fold_enabled(torch.empty(1)):  # split the fused q/k/v and gate/up over K as on a 132-SM GPU
+    if fold_enabled(torch.empty(1), "tiles"):  # split the fused q/k/v and gate/up over K as on a 132-SM GPU
         fused_linear._sm_count = lambda device: 132
         fused_linear.MIN_TILE_SPLIT_K = 256
         plan_tiles = fused_linear._tile_splits
@@ -113,8 +113,8 @@ ENGINE_SCRIPT = textwrap.dedent("""
         assert list(done[str(i)].token_ids) == reference_generate(ref, p, max_tokens=4)[0]
     assert not min_split or (pieces and all(pieces)), pieces   # down_proj came back in pieces every time
     from rlt.attention.fold import fold_enabled
-    assert any(folded) == (bool(min_split) and fold_enabled(torch.empty(1))), folded  # RLT_FOLD=1: decode rows fold
-    assert not fold_enabled(torch.empty(1)) or max(tile_splits) > 1, tile_splits  # ... and q/k/v, gate/up split
+    assert any(folded) == (bool(min_split) and fold_enabled(torch.empty(1), "split_k")), folded  # RLT_FOLD=1: decode rows fold
+    assert not fold_enabled(torch.empty(1), "tiles") or max(tile_splits) > 1, tile_splits  # ... and q/k/v, gate/up split
     print("ok")
 """)
 
@@ -122,9 +122,11 @@ ENGINE_SCRIPT = textwrap.dedent("""
 # head_dim 32: q/k/v projection, RoPE and KV store in one kernel; min_split 32: o_proj and down_proj as
 # split-K pieces summed in add_norm_norm (real shapes split K ranges of >= 1,024; the tiny model's are 64/128);
 # fold "1": decode rows' split-K launches run add_norm_norm themselves (rlt.attention.fold)
-# (hidden 512: K ranges long enough that the fold also splits q/k/v and gate/up over K)
+# (hidden 512: K ranges long enough that the fold also splits q/k/v and gate/up over K); fold "tiles": only
+# that split (the add_norm_norm stays unfolded: one site on alone)
 @pytest.mark.parametrize("head_dim,min_split,fold,wide", [(8, 0, "0", {}), (32, 32, "0", {}),
-                                                          (32, 32, "1", dict(hidden_size=512, intermediate_size=1024))])
+                                                          (32, 32, "1", dict(hidden_size=512, intermediate_size=1024)),
+                                                          (32, 32, "tiles", dict(hidden_size=512, intermediate_size=1024))])
 def test_engine_with_fused_kernels_matches_oracle_under_interpreter(tiny_checkpoint, head_dim, min_split, fold, wide):
     env = {**os.environ, "TRITON_INTERPRET": "1", "RLT_FOLD": fold}
     r = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, str(tiny_checkpoint(seed=51, head_dim=head_dim, **wide)),

@@ -17,8 +17,10 @@ the interpreter on CPU, and on the GPU in the GPU suite). Counters are zero-init
 buffers allocated with the scratch (before capture), zero again after every launch, so graph
 replays need nothing.
 
-``RLT_FOLD=1`` turns the folds on, ``0`` off; unset: :data:`DEFAULT` (read once, at import;
-:func:`refresh` reads it again). On CUDA only (the ordering above is written against the PTX memory
+``RLT_FOLD=1`` turns the folds on, ``0`` off, a comma list of :data:`SITES` only those (to time each
+alone: ``attention`` — the split-attention merge; ``split_k`` — add_norm_norm into the split-K o_proj /
+down_proj; ``tiles`` — the fused q/k/v and gate/up projections split over K by the wave rule); unset:
+:data:`DEFAULT` (read once, at import; :func:`refresh` reads it again). On CUDA only (the ordering above is written against the PTX memory
 model; ROCm is not verified) and under the Triton interpreter (which runs programs one after another,
 so the last program folds — how CI tests it).
 """
@@ -32,6 +34,18 @@ import torch
 #: ``RLT_FOLD`` when unset: off until an H200 A/B measures it (the GPU suite checks exactness;
 #: ``benchmarks/decode_kernels.py`` and ``scripts/decode_h200.sh VARIANTS=fold`` time it).
 DEFAULT = "0"
+#: the places a fold can ride (module docstring), each switched on by name in ``RLT_FOLD``
+SITES = ("attention", "split_k", "tiles")
+
+
+def parse_sites(value: str) -> frozenset[str]:
+    """The sites ``RLT_FOLD=value`` turns on: ``1`` all, ``0`` none, else a comma list of :data:`SITES`."""
+    if value in ("0", "1"):
+        return frozenset(SITES if value == "1" else ())
+    sites = frozenset(v.strip() for v in value.split(",") if v.strip())
+    if not sites or not sites <= set(SITES):
+        raise ValueError(f"RLT_FOLD={value!r}: expected 0, 1 or a comma list of {', '.join(SITES)}")
+    return sites
 
 
 class _Setting:
@@ -41,7 +55,9 @@ class _Setting:
         self.refresh()
 
     def refresh(self) -> None:
-        self.flag = (os.environ.get("RLT_FOLD") or DEFAULT) == "1"
+        self.value = os.environ.get("RLT_FOLD") or DEFAULT
+        self.sites = parse_sites(self.value)
+        self.flag = bool(self.sites)
         self.interpreting = os.environ.get("TRITON_INTERPRET") == "1"
         self.by_index: dict[int | None, bool] = {}
 
@@ -72,13 +88,13 @@ def fold_status(device: torch.device) -> tuple[bool, str]:
     if not _SETTING.flag:
         return False, "RLT_FOLD=0" if os.environ.get("RLT_FOLD") == "0" else "off by default (RLT_FOLD=1 turns it on)"
     on, why = fold_capable(device)
-    return on, f"{why} (RLT_FOLD=1)" if on else why
+    return on, f"{why} (RLT_FOLD={_SETTING.value})" if on else why
 
 
-def fold_enabled(t: torch.Tensor) -> bool:
-    """Whether kernels over ``t``'s device fold their reductions (from the device only: graph-safe; one
-    dict lookup after the device's first call)."""
-    if not _SETTING.flag:
+def fold_enabled(t: torch.Tensor, site: str | None = None) -> bool:
+    """Whether kernels over ``t``'s device fold their reductions at ``site`` (one of :data:`SITES`; None:
+    at any) — from the device only: graph-safe; one dict lookup after the device's first call."""
+    if not _SETTING.flag or (site is not None and site not in _SETTING.sites):
         return False
     device = t.device
     if device.type != "cuda":

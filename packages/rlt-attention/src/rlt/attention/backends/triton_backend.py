@@ -425,7 +425,7 @@ class TritonBackend(AttentionBackend):
             variant = "grouped"
         head_programs = nkv if variant == "grouped" else nh
         splits = self.splits_for(rows, head_programs, max_seq_len, q.device)
-        fold = splits > 1 and fold_enabled(q)
+        fold = splits > 1 and fold_enabled(q, "attention")
         if splits > 1:
             acc, ml, counters = self._split_scratch(rows, nh, splits, d, q.device)
         else:

@@ -428,7 +428,7 @@ def _tile_splits(x: torch.Tensor, tiles: int, k: int, block_k: int, block_m: int
                              f"program (the one that sums them): {fold_capable(x.device)[1]}")
         if splits < 1 or k % (splits * block_k):
             raise ValueError(f"{splits} K splits of K={k} in tiles of {block_k}: not whole tiles")
-    elif not fold_enabled(x):
+    elif not fold_enabled(x, "tiles"):
         return 1, x, x
     best = splits or _balanced_splits(tiles, k, block_k, _sm_count(x.device), MIN_TILE_SPLIT_K)
     if best == 1:
@@ -504,7 +504,7 @@ def linear_split_k(x: torch.Tensor, weight: torch.Tensor,
     plan = plan or split_plan(m, weight.shape[0], k, x.element_size())
     if plan is None:
         return F.linear(x, weight)
-    if m <= MAX_ROWS_FOLD and fold_enabled(x):
+    if m <= MAX_ROWS_FOLD and fold_enabled(x, "split_k"):
         return _FoldedSplitK(x, weight, plan)
     return SplitSum(_launch_split_k(x, weight, plan), x.dtype)
 
