@@ -86,23 +86,24 @@ SHAPES = {  # name: (kind, weight rows, K)
 }
 
 
-def _sweep_tiles(m: int, two: bool) -> list[tuple[fl.Tiles, int]]:
+def _sweep_tiles(m: int, two: bool, tma: bool = False) -> list[tuple[fl.Tiles, int]]:
     """(tiles, K splits) to sweep. The two-weight kernels (q/k/v + RoPE, gate/up + SiLU) also get
     64-wide column tiles on 8 warps (compiled for sm_90 without spills: 64-111 registers) and 2 / 4 K
-    splits (the fold sums them): at 64 rows a program of 32-wide tiles loads as many activation bytes
-    as weight bytes, wider tiles halve that and the splits keep the SMs busy."""
+    splits (the last program of a tile sums them): at 64 rows a program of 32-wide tiles loads as many
+    activation bytes as weight bytes, wider tiles halve that and the splits keep the SMs busy. ``tma``:
+    the same shapes with X and W read through TMA descriptors (``Tiles.tma``) instead."""
     bms = [16] if m <= 16 else ([32, 64] if m <= 32 else [64])
     out = []
     for bm, bn, bk, warps, stages in itertools.product(bms, (16, 32, 64), (64, 128, 256), (4, 8), (3, 4)):
         if (warps == 8 and bn < 64) or (two and bn > 32 and warps == 4) or (bk == 64 and not (two and bn == 64)):
             continue
         for splits in ((1, 2, 4) if two else (1,)):
-            out.append((fl.Tiles(bm, bn, bk, warps, stages), splits))
+            out.append((fl.Tiles(bm, bn, bk, warps, stages, tma), splits))
     return out
 
 
 def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, budget_bytes: int = 256 << 20,
-                 shapes: tuple[str, ...] = tuple(SHAPES)) -> list[dict]:
+                 shapes: tuple[str, ...] = tuple(SHAPES), tma: bool = False) -> list[dict]:
     dev = torch.device("cuda")
     results = []
     g = torch.Generator(device=dev).manual_seed(0)
@@ -158,7 +159,7 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
                 row.update(fold_us=folded * 1e3, fold_err=rel_err(fused(ws[0]), unfused(ws[0])))
             if m in sweep_rows:
                 best = None
-                for t, sp in _sweep_tiles(m, kind != "plain"):
+                for t, sp in _sweep_tiles(m, kind != "plain", tma):
                     if kind == "rope" and t.block_n > HEAD_DIM // 2:
                         continue
                     try:
@@ -335,14 +336,19 @@ TILE_KIND = {"qkv+rope+kv": "rope_kv", "gate_up+silu": "silu_mul"}
 
 
 def tile_overrides(linear: list[dict], min_gain: float = 0.03) -> str:
-    """``RLT_LINEAR_TILES`` from a sweep's rows (``bench_linear``): each swept shape and row count whose best
-    launch shape beat the default by more than ``min_gain`` (a fraction of the default's time)."""
-    entries = []
+    """``RLT_LINEAR_TILES`` from sweeps' rows (``bench_linear``, one or several sweeps' rows together): for each
+    swept shape and row count, its best launch shape over every sweep, if that beat the default by more than
+    ``min_gain`` (a fraction of the default's time)."""
+    best: dict[tuple[str, int], dict] = {}
     for row in linear:
-        kind = TILE_KIND.get(row["shape"])
-        if kind and "best_us" in row and row["best_us"] < row["fused_us"] * (1 - min_gain):
-            tiles = "x".join(str(v) for v in row["best_tiles"])
-            entries.append(f"{kind}:{row['rows']}={tiles}/{row['best_splits']}")
+        key = (row["shape"], row["rows"])
+        if TILE_KIND.get(row["shape"]) and "best_us" in row and (key not in best or row["best_us"] < best[key]["best_us"]):
+            best[key] = row
+    entries = []
+    for (shape, rows), row in best.items():
+        if row["best_us"] < row["fused_us"] * (1 - min_gain):
+            tiles = "x".join(str(int(v)) for v in row["best_tiles"])
+            entries.append(f"{TILE_KIND[shape]}:{rows}={tiles}/{row['best_splits']}")
     return ",".join(entries)
 
 
@@ -354,13 +360,18 @@ def main() -> int:
     ap.add_argument("--shapes", default=",".join(SHAPES), help="linear shapes to run (%(default)s)")
     ap.add_argument("--attention-cases", default="1x1024,1x4096,8x1024,64x1024,128x1024")
     ap.add_argument("--out", default="")
-    ap.add_argument("--tiles-from", default="", help="print RLT_LINEAR_TILES for a sweep's JSON (--out of a linear "
-                    "sweep) and exit: the shapes whose best launch beat the default by more than --min-gain")
+    ap.add_argument("--tiles-from", default="", help="print RLT_LINEAR_TILES for sweeps' JSON files (comma-separated "
+                    "--out of linear sweeps) and exit: the shapes whose best launch beat the default by more than --min-gain")
     ap.add_argument("--min-gain", type=float, default=0.03)
+    ap.add_argument("--tma", action="store_true", help="sweep the fused projections with X / W read through TMA")
     args = ap.parse_args()
     if args.tiles_from:
-        with open(args.tiles_from) as f:
-            print(tile_overrides(json.load(f).get("linear", []), args.min_gain))
+        rows = []
+        for path in filter(None, args.tiles_from.split(",")):
+            if os.path.exists(path):
+                with open(path) as f:
+                    rows += json.load(f).get("linear", [])
+        print(tile_overrides(rows, args.min_gain))
         return 0
     if not torch.cuda.is_available():
         raise SystemExit("decode_kernels needs a CUDA/ROCm GPU")
@@ -375,7 +386,7 @@ def main() -> int:
     parts = args.parts.split(",")
     if "linear" in parts:
         res["linear"] = bench_linear([int(r) for r in args.rows.split(",")], [int(r) for r in args.sweep_rows.split(",") if r],
-                                     shapes=tuple(args.shapes.split(",")))
+                                     shapes=tuple(args.shapes.split(",")), tma=args.tma)
     if "attention" in parts:
         cases = [tuple(int(v) for v in c.split("x")) for c in args.attention_cases.split(",") if c]
         res["attention"] = bench_attention(cases)

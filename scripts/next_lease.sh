@@ -9,8 +9,11 @@
 #      the default 32-wide tiles load as many activation bytes as weight bytes per program (C=64: the
 #      projections take ~1.1 of 4.59 ms per loop step at ~2-2.8 TB/s; C=64 decode 3,408 vs the 3,800 target) —
 #      the sweep's winners are timed end to end in g2 before one becomes fused_linear._tiles; carry .whl/fa4a
-#   g2 (after g; TILES_JSON=<g's tiles.json> if g's results came back to the repo) C=1 and C=64 decode with the
-#      sweep's winners (RLT_LINEAR_TILES, those > 3 % faster than the default) against the default, back to back
+#   g3 the same sweep at 64 rows with X and W read through TMA descriptors (Tiles.tma, built 2026-12-05: compiled
+#      for sm_90 on CPU — UTMALDG, wgmma, no spills — and exact under the interpreter; never run on a GPU)
+#   g2 (after g and g3; TILES_JSON=<their tiles.json, comma-separated> if their results came back to the repo) C=1
+#      and C=64 decode with the sweeps' winners (RLT_LINEAR_TILES, those > 3 % faster than the default) against the
+#      default, back to back
 #   h  (carrying .whl/fa4b, right after g and g2 on the warm machine) FA4 installed: the FA4 GPU tests, 8K prefill with FA4
 #      for prompt rows (dense by default now: `dense0` is RLT_DENSE_PREFILL=0), then C=128 1K/128 end to end with
 #      rlt-decode + rlt-prefill composed (2,346 in lease 8, target 2,500)
@@ -29,7 +32,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, b2, d2, g2}
+CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -84,8 +87,12 @@ case $CALL in
     timeout 540 python3 -m benchmarks.decode_kernels --parts linear --rows 1,64 --sweep-rows 1,64 \
       --shapes "qkv+rope+kv,gate_up+silu" --out "$R/tiles.json" > "$R/tiles.log" 2>&1
     grep -E "^(qkv|gate_up)" "$R/tiles.log" | tail -8 ;;
+  g3)
+    timeout 540 python3 -m benchmarks.decode_kernels --parts linear --rows 64 --sweep-rows 64 --tma \
+      --shapes "qkv+rope+kv,gate_up+silu" --out "$R/tiles.json" > "$R/tiles.log" 2>&1
+    grep -E "^(qkv|gate_up)" "$R/tiles.log" | tail -4 ;;
   g2)
-    TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "${TILES_JSON:-$OUT/g/tiles.json}") || exit 1
+    TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "${TILES_JSON:-$OUT/g/tiles.json,$OUT/g3/tiles.json}") || exit 1
     echo "RLT_LINEAR_TILES=${TILES:-(none beat the default by 3 %)}" | tee "$R/tiles.txt"
     [ -n "$TILES" ] && SKIP_TESTS=1 TILES="$TILES" VARIANTS="decode tiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=250 \
       OUT=$R bash scripts/decode_h200.sh ;;

@@ -227,3 +227,38 @@ def test_fused_projections_split_over_k_with_the_fold(dtype, rows, monkeypatch):
     finally:
         monkeypatch.delenv("RLT_FOLD")
         fold.refresh()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("rows,splits", [(1, 1), (17, 1), (64, 1), (64, 2)])
+def test_fused_projections_through_tma(dtype, rows, splits):
+    """``Tiles.tma`` on the GPU (sm_90+): X and W tiles by TMA descriptors — rows past M and the last gate
+    tile's rows past I through the descriptors' bounds — within the fused kernels' bound of the eager ops,
+    with 2 K splits summed by the tile's last program."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    import torch.nn.functional as F
+
+    from rlt.attention.backends.triton_backend import tma_ready
+    from rlt.platform.models import fused_linear as fl
+    from rlt.platform.models.fused_ops import rope_qk_, silu_mul
+    from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
+
+    g = torch.Generator(device="cuda").manual_seed(7 + rows)
+    x = torch.randn(rows, 2048, device="cuda", generator=g).to(dtype)
+    if not tma_ready(x):
+        pytest.skip("no TMA on this device")
+    gu = (torch.randn(2 * 5600, 2048, device="cuda", generator=g) * 2048 ** -0.5).to(dtype)  # I = 5600: a gate tail
+    wq = (torch.randn(48 * 128, 2048, device="cuda", generator=g) * 2048 ** -0.5).to(dtype)
+    tiles = fl.Tiles(16 if rows <= 16 else 64, 64, 128, 8, 3, True)
+    got = fl.linear_silu_mul(x, gu, tiles, splits)
+    _bounded(got, silu_mul(F.linear(x, gu)), dtype, f"gate/up + SiLU through TMA, {splits} split(s)")
+    cos, sin = rope_cos_sin(torch.arange(rows, device="cuda") + 700, rope_inv_freq(128, 1e6, device="cuda"), dtype)
+    kc = torch.zeros(4096, 16 * 128, device="cuda", dtype=dtype)
+    vc = torch.zeros_like(kc)
+    slots = torch.arange(rows, device="cuda") * 3
+    q, k, v, stored = fl.linear_rope_kv(x, wq, cos, sin, 16, 16, 128, (kc, vc, slots), tiles, splits)
+    qe, ke, ve, _ = rope_qk_(F.linear(x, wq), cos, sin, 16, 16, 128, use_triton=False)
+    assert stored and torch.equal(kc[slots], k.reshape(rows, -1)) and torch.equal(vc[slots], v.reshape(rows, -1))
+    for a, b, what in ((q, qe, "q"), (k, ke, "k"), (v, ve, "v")):
+        _bounded(a, b, dtype, f"q/k/v + RoPE through TMA: {what}")

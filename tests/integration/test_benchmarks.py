@@ -174,3 +174,11 @@ def test_tile_overrides_from_a_sweep():
     assert parse_tile_overrides(text) == {("rope_kv", False): (Tiles(64, 64, 128, 8, 3), 2),
                                           ("silu_mul", True): (Tiles(16, 16, 256, 4, 4), 1)}
     assert tile_overrides(rows, min_gain=0.5) == ""
+    # two sweeps' rows together (the pointer sweep and the TMA one): each shape's best over both
+    tma = [{"shape": "gate_up+silu", "rows": 64, "fused_us": 16.5, "best_us": 13.0,
+            "best_tiles": [64, 64, 128, 8, 3, True], "best_splits": 2},
+           {"shape": "qkv+rope+kv", "rows": 64, "fused_us": 12.1, "best_us": 9.5,
+            "best_tiles": [64, 64, 128, 8, 3, True], "best_splits": 1}]
+    text = tile_overrides(rows + tma)
+    assert text == "rope_kv:64=64x64x128x8x3/2,silu_mul:64=64x64x128x8x3x1/2,silu_mul:1=16x16x256x4x4/1"
+    assert parse_tile_overrides(text)[("silu_mul", False)] == (Tiles(64, 64, 128, 8, 3, True), 2)

@@ -61,6 +61,11 @@ def main() -> dict:
     out["silu_mul/fold"] = sass_of(fl._linear_silu_mul_kernel, dict(SILU, SPLITS=2), num_stages=4)
     out["rope_kv/fold"] = sass_of(fl._linear_rope_kv_kernel, dict(ROPE, SPLITS=4), num_stages=4)
     out["decode/fold"] = sass_of(paged_decode.decode_grouped_kernel, DECODE)
+    # the fused projections with X / W through TMA (Tiles.tma) at 64 rows: 64-wide tiles on 8 warps, and 2 K splits
+    wide = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, TMA=True, PREFETCH=False)
+    for name, fn, consts in (("silu_mul", fl._linear_silu_mul_kernel, SILU), ("rope_kv", fl._linear_rope_kv_kernel, ROPE)):
+        out[name + "/tma"] = sass_of(fn, dict(consts, **wide, SPLITS=2), num_warps=8, num_stages=3,
+                                     types={"X": "tensordesc<bf16[64,128]>", "W": "tensordesc<bf16[64,128]>"})
     box = "tensordesc<bf16[128,128]>"  # Ouro's head_dim, the default 128 x 128 prefill tiles
     out["prefill/dense"] = sass_of(dense_prefill.dense_prefill_kernel, DENSE, num_warps=8, num_stages=2,
                                    types={"q_desc": box, "k_desc": box, "v_desc": box})

@@ -75,3 +75,15 @@ def test_dense_prefill_loads_tiles_with_tma_and_chains_its_mma(sass):
     assert index_of(ops, "UTMALDG") and not index_of(ops, "LDGSTS")
     assert len(index_of(ops, "HGMMA")) >= 16 and len(index_of(ops, "WARPGROUP.DEPBAR")) <= 2
     assert sass["prefill/dense"]["local"] == 0
+
+
+@pytest.mark.parametrize("kernel", ["silu_mul", "rope_kv"])
+def test_tma_projections_load_x_and_w_with_tma(sass, kernel):
+    """Tiles.tma at 64 rows (64-wide tiles, 8 warps, 2 K splits): X and W tiles by TMA (UTMALDG), no
+    pointer loads of them (LDGSTS / LDG only for the epilogue's cos / sin / slots and the split pieces),
+    the dots on wgmma, no spills."""
+    ops = sass[kernel + "/tma"]["ops"]
+    assert index_of(ops, "UTMALDG") and not index_of(ops, "LDGSTS")
+    assert index_of(ops, "HGMMA")
+    assert sass[kernel + "/tma"]["local"] == 0
+

@@ -120,6 +120,19 @@ def _tensor_descriptor():
     return TensorDescriptor
 
 
+def tma_ready(t: torch.Tensor) -> bool:
+    """Whether Triton kernels may load the 2-D tensor ``t`` through a TMA descriptor (its rows contiguous,
+    row stride and base 16-byte aligned, on a device with TMA; also ``rlt.platform.models.fused_linear``)."""
+    return (_tensor_descriptor() is not None and _has_tma(t.device) and t.dim() == 2 and t.stride(-1) == 1
+            and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0)
+
+
+def tma_descriptor(t: torch.Tensor, box: list[int]):
+    """The host-side TMA descriptor of the 2-D tensor ``t`` (:func:`tma_ready`) with ``box``-shaped loads;
+    loads past its shape read zeros."""
+    return _tensor_descriptor()(t, list(t.shape), [t.stride(0), 1], box)
+
+
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 

@@ -33,7 +33,8 @@ The dispatch (:func:`small_m_usable`) is decided from shapes and the device only
 graph replays the same kernels: Triton on CUDA/ROCm tensors (or the interpreter), at most
 ``max_rows`` rows; anything else takes the eager ops. ``RLT_FUSED_LINEAR=0`` turns the kernels
 off, ``RLT_SPLIT_K=0`` only the split-K projections (A/B measurements; read at import). Tiles come from :func:`_tiles` (the H200 sweep above)
-or, for an A/B of a sweep's winner end to end, from ``RLT_LINEAR_TILES`` (:func:`parse_tile_overrides`).
+or, for an A/B of a sweep's winner end to end, from ``RLT_LINEAR_TILES`` (:func:`parse_tile_overrides`);
+``Tiles.tma`` reads X and W tiles through TMA descriptors (:func:`_dot2_tma`) instead of pointer loads.
 
 Two device-side options, both off by default until an H200 A/B measures them (``docs/decode.md``):
 with ``rlt.attention.fold`` on, a split-K projection of at most :data:`MAX_ROWS_FOLD` rows comes back as
@@ -56,7 +57,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from rlt.attention.backends.triton_backend import num_sms as _sm_count
+from rlt.attention.backends.triton_backend import num_sms as _sm_count, tma_descriptor, tma_ready
 from rlt.attention.fold import fold_capable, fold_enabled
 from rlt.attention.pdl import kernel_options, weight_prefetch
 from rlt.platform.models.fused_ops import (PendingProjection, SplitSum, _interpreting, rope_qk_, silu_mul,
@@ -105,25 +106,50 @@ if triton is not None:
             wb_ptrs += BLOCK_K
         return acc_a, acc_b
 
+    @triton.jit
+    def _dot2_tma(XD, WD, m0, row_a, row_b, k0, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, TWO: tl.constexpr, PRECISION: tl.constexpr):
+        """:func:`_dot2` with X and W read through TMA descriptors: rows ``[m0, m0 + BLOCK_M)`` of X times
+        weight rows ``[row_a, row_a + BLOCK_N)`` (and ``row_b``'s when TWO) over columns ``[k0, k0 + K)``;
+        the descriptors' bounds read zeros past M rows, past N rows and past K (no masks)."""
+        acc_a = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_b = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            x = XD.load([m0, k0 + k])
+            wa = WD.load([row_a, k0 + k])
+            acc_a = tl.dot(x, tl.trans(wa), acc_a, input_precision=PRECISION)
+            if TWO:
+                wb = WD.load([row_b, k0 + k])
+                acc_b = tl.dot(x, tl.trans(wb), acc_b, input_precision=PRECISION)
+        return acc_a, acc_b
+
     @triton.jit(do_not_specialize=["M"])  # rows vary per step (module docstring)
     def _linear_silu_mul_kernel(X, W, OUT, PARTS, CNT, M, I, K: tl.constexpr, stride_xm, stride_wn, stride_om,
                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                 EVEN_K: tl.constexpr, PRECISION: tl.constexpr, ACCURATE_EXP: tl.constexpr,
                                 PDL: tl.constexpr, PREFETCH: tl.constexpr = False, LINE: tl.constexpr = 64,
-                                LINES: tl.constexpr = 1, SPLITS: tl.constexpr = 1):
+                                LINES: tl.constexpr = 1, SPLITS: tl.constexpr = 1, TMA: tl.constexpr = False):
         """One program: gate rows ``[j*B, j*B+B)`` and their up rows over K split ``program_id(2)`` of
-        ``SPLITS`` (the last program of a tile sums the pieces and applies SiLU·mul: ``split_tile_sum``)."""
+        ``SPLITS`` (the last program of a tile sums the pieces and applies SiLU·mul: ``split_tile_sum``).
+        TMA: X and W are TMA descriptors (the last tile's gate rows past I read up rows: their columns are
+        never stored)."""
         K_SPLIT: tl.constexpr = K // SPLITS
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         split = tl.program_id(2)
         k0 = split * K_SPLIT
-        prefetch_rows_l2(W, cols, 2 * I, stride_wn, k0, K_SPLIT, LINE, LINES, PREFETCH)
-        prefetch_rows_l2(W, cols + I, 2 * I, stride_wn, k0, K_SPLIT, LINE, LINES, PREFETCH)
+        if not TMA:
+            prefetch_rows_l2(W, cols, 2 * I, stride_wn, k0, K_SPLIT, LINE, LINES, PREFETCH)
+            prefetch_rows_l2(W, cols + I, 2 * I, stride_wn, k0, K_SPLIT, LINE, LINES, PREFETCH)
         dependent_wait(PDL)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_n, mask_m = cols < I, offs_m < M
-        acc_g, acc_u = _dot2(X + k0, W + k0, cols, cols + I, mask_n, mask_n, offs_m, mask_m, K_SPLIT, stride_xm,
-                             stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, PRECISION)
+        if TMA:
+            j = tl.program_id(0) * BLOCK_N
+            acc_g, acc_u = _dot2_tma(X, W, tl.program_id(1) * BLOCK_M, j, j + I, k0, K_SPLIT, BLOCK_M, BLOCK_N,
+                                     BLOCK_K, True, PRECISION)
+        else:
+            acc_g, acc_u = _dot2(X + k0, W + k0, cols, cols + I, mask_n, mask_n, offs_m, mask_m, K_SPLIT, stride_xm,
+                                 stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True, PRECISION)
         launch_dependents(PDL)
         tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         acc_g, acc_u, finish = split_tile_sum(acc_g, acc_u, PARTS, CNT, tile, split, M - tl.program_id(1) * BLOCK_M,
@@ -147,9 +173,10 @@ if triton is not None:
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, WRITE_KV: tl.constexpr,
                                PDL: tl.constexpr, PREFETCH: tl.constexpr = False, LINE: tl.constexpr = 64,
-                               LINES: tl.constexpr = 1, SPLITS: tl.constexpr = 1):
+                               LINES: tl.constexpr = 1, SPLITS: tl.constexpr = 1, TMA: tl.constexpr = False):
         """One program: rows ``[j*B, j*B+B)`` and ``[half + j*B, ...)`` of one head (RoPE partners) over K
-        split ``program_id(2)`` of ``SPLITS`` (the last program of a tile sums the pieces and finishes)."""
+        split ``program_id(2)`` of ``SPLITS`` (the last program of a tile sums the pieces and finishes).
+        TMA: X and W are TMA descriptors."""
         HALF: tl.constexpr = HEAD_DIM // 2
         CHUNKS: tl.constexpr = HALF // BLOCK_N
         K_SPLIT: tl.constexpr = K // SPLITS
@@ -160,15 +187,21 @@ if triton is not None:
         split = tl.program_id(2)
         k0 = split * K_SPLIT
         all_rows: tl.constexpr = (NUM_Q + 2 * NUM_KV) * HEAD_DIM
-        prefetch_rows_l2(W, head * HEAD_DIM + dims_a, all_rows, stride_wn, k0, K_SPLIT, LINE, LINES, PREFETCH)
-        prefetch_rows_l2(W, head * HEAD_DIM + dims_b, all_rows, stride_wn, k0, K_SPLIT, LINE, LINES, PREFETCH)
+        if not TMA:
+            prefetch_rows_l2(W, head * HEAD_DIM + dims_a, all_rows, stride_wn, k0, K_SPLIT, LINE, LINES, PREFETCH)
+            prefetch_rows_l2(W, head * HEAD_DIM + dims_b, all_rows, stride_wn, k0, K_SPLIT, LINE, LINES, PREFETCH)
         dependent_wait(PDL)
         offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_m = offs_m < M
         all_n = dims_a < HALF
-        acc_a, acc_b = _dot2(X + k0, W + k0, head * HEAD_DIM + dims_a, head * HEAD_DIM + dims_b, all_n, all_n,
-                             offs_m, mask_m, K_SPLIT, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True,
-                             PRECISION)
+        if TMA:
+            row = head * HEAD_DIM + (pid % CHUNKS) * BLOCK_N
+            acc_a, acc_b = _dot2_tma(X, W, tl.program_id(1) * BLOCK_M, row, row + HALF, k0, K_SPLIT, BLOCK_M, BLOCK_N,
+                                     BLOCK_K, True, PRECISION)
+        else:
+            acc_a, acc_b = _dot2(X + k0, W + k0, head * HEAD_DIM + dims_a, head * HEAD_DIM + dims_b, all_n, all_n,
+                                 offs_m, mask_m, K_SPLIT, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, True,
+                                 PRECISION)
         launch_dependents(PDL)
         tile = pid * tl.num_programs(1) + tl.program_id(1)
         acc_a, acc_b, finish = split_tile_sum(acc_a, acc_b, PARTS, CNT, tile, split, M - tl.program_id(1) * BLOCK_M,
@@ -263,13 +296,16 @@ def small_m_usable(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> bool
 
 
 class Tiles(NamedTuple):
-    """Launch shape: rows per dot tile (>= 16), weight rows and K columns per step, warps, stages."""
+    """Launch shape: rows per dot tile (>= 16), weight rows and K columns per step, warps, stages, and
+    whether the fused projections load X and W through TMA descriptors (where the device and the tensors
+    allow it: ``rlt.attention.backends.triton_backend.tma_ready``; else the pointer loads)."""
 
     block_m: int
     block_n: int
     block_k: int
     num_warps: int = 4
     num_stages: int = 4
+    tma: bool = False
 
 
 def _tiles(m: int, kind: str) -> Tiles:
@@ -283,8 +319,8 @@ TILE_KINDS = ("rope_kv", "silu_mul")
 
 
 def parse_tile_overrides(text: str) -> dict[tuple[str, bool], tuple[Tiles, int | None]]:
-    """``RLT_LINEAR_TILES``: comma-separated ``KIND:ROWS=BMxBNxBKxWARPSxSTAGES[/SPLITS]`` (KIND one of
-    :data:`TILE_KINDS`), e.g. ``silu_mul:64=64x64x128x8x3/2``. An entry serves every row count of ROWS'
+    """``RLT_LINEAR_TILES``: comma-separated ``KIND:ROWS=BMxBNxBKxWARPSxSTAGES[xTMA][/SPLITS]`` (KIND one of
+    :data:`TILE_KINDS`; TMA 1: :attr:`Tiles.tma`), e.g. ``silu_mul:64=64x64x128x8x3/2``. An entry serves every row count of ROWS'
     bucket (at most 16 rows, or more — :func:`_tiles`' two); SPLITS > 1 sums K splits with the fold's
     last program (needs a fold-capable device, not ``RLT_FOLD``), no SPLITS keeps the rule's count.
     Keys are ``(kind, rows <= 16)``. A malformed entry raises ValueError naming it."""
@@ -294,15 +330,18 @@ def parse_tile_overrides(text: str) -> dict[tuple[str, bool], tuple[Tiles, int |
             key, shape = entry.split("=")
             kind, rows = key.split(":")
             dims, _, splits = shape.partition("/")
-            tiles = Tiles(*(int(v) for v in dims.lower().split("x")))
-            count = int(splits) if splits else None
-            if kind not in TILE_KINDS or int(rows) < 1 or len(dims.split("x")) != 5 or (count is not None and count < 1):
+            values = [int(v) for v in dims.lower().split("x")]
+            if len(values) not in (5, 6) or values[5:] not in ([], [0], [1]):
                 raise ValueError
-            if min(tiles) < 1 or tiles.block_m < 16 or any(v & (v - 1) for v in tiles[:3]):
+            tiles = Tiles(*values[:5], bool(values[5:] and values[5]))
+            count = int(splits) if splits else None
+            if kind not in TILE_KINDS or int(rows) < 1 or (count is not None and count < 1):
+                raise ValueError
+            if min(tiles[:5]) < 1 or tiles.block_m < 16 or any(v & (v - 1) for v in tiles[:3]):
                 raise ValueError
         except (ValueError, TypeError):
-            raise ValueError(f"RLT_LINEAR_TILES entry {entry!r}: expected KIND:ROWS=BMxBNxBKxWARPSxSTAGES[/SPLITS] with "
-                             f"KIND one of {', '.join(TILE_KINDS)}, power-of-two BM >= 16, BN, BK") from None
+            raise ValueError(f"RLT_LINEAR_TILES entry {entry!r}: expected KIND:ROWS=BMxBNxBKxWARPSxSTAGES[xTMA][/SPLITS] "
+                             f"with KIND one of {', '.join(TILE_KINDS)}, power-of-two BM >= 16, BN, BK, TMA 0 or 1") from None
         out[(kind, int(rows) <= 16)] = (tiles, count)
     return out
 
@@ -426,7 +465,7 @@ def _tile_splits(x: torch.Tensor, tiles: int, k: int, block_k: int, block_m: int
         if splits > 1 and not fold_capable(x.device)[0]:
             raise ValueError(f"{splits} K splits of a fused projection need a device that runs the fold's last "
                              f"program (the one that sums them): {fold_capable(x.device)[1]}")
-        if splits < 1 or k % (splits * block_k):
+        if splits < 1 or (splits > 1 and k % (splits * block_k)):  # one split masks its K tail
             raise ValueError(f"{splits} K splits of K={k} in tiles of {block_k}: not whole tiles")
     elif not fold_enabled(x, "tiles"):
         return 1, x, x
@@ -455,7 +494,7 @@ def _launch_split_k(x: torch.Tensor, weight: torch.Tensor, plan: SplitPlan, fold
     (``w2`` None: no second norm)."""
     m, k = x.shape
     n = weight.shape[0]
-    (bm, bn, bk, warps, stages), splits = plan
+    (bm, bn, bk, warps, stages, _), splits = plan
     parts = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     if fold is None:
         tail = (x, x, x, x, x, x, 0, 0, 0, 0.0)  # not read (FOLD off)
@@ -520,15 +559,27 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None 
     inter = gate_up.shape[0] // 2
     out = torch.empty((m, inter), dtype=x.dtype, device=x.device)
     tiles, splits = _launch_shape(m, "silu_mul", tiles, splits)
-    bm, bn, bk, warps, stages = _fit(tiles, k, x.element_size())
+    tiles = _fit(tiles, k, x.element_size())
+    bm, bn, bk, warps, stages, _ = tiles
     tiles_n, tiles_m = triton.cdiv(inter, bn), triton.cdiv(m, bm)
     splits, parts, counters = _tile_splits(x, tiles_n * tiles_m, k, bk, bm, bn, splits)
+    xa, wa, tma = _operands(x, gate_up, tiles, bn)
     _linear_silu_mul_kernel[(tiles_n, tiles_m, splits)](
-        x, gate_up, out, parts, counters, m, inter, k, x.stride(0), gate_up.stride(0), out.stride(0),
+        xa, wa, out, parts, counters, m, inter, k, x.stride(0), gate_up.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=(k // splits) % bk == 0, PRECISION=_precision(x),
-        ACCURATE_EXP=not _interpreting(), SPLITS=splits, num_warps=warps, num_stages=stages,
-        **_prefetch(x, k // splits), **kernel_options(x))
+        ACCURATE_EXP=not _interpreting(), SPLITS=splits, TMA=tma, num_warps=warps, num_stages=stages,
+        **(_NO_PREFETCH if tma else _prefetch(x, k // splits)), **kernel_options(x))
     return out
+
+
+def _operands(x: torch.Tensor, w: torch.Tensor, tiles: Tiles, box_n: int) -> tuple:
+    """``(x, w, False)``, or with ``tiles.tma`` where both tensors allow it (``tma_ready``) their TMA
+    descriptors — boxes of ``block_m`` x ``block_k`` and ``box_n`` x ``block_k`` — and True. Built per
+    launch (a few host microseconds; a captured graph keeps them): a cache keyed by pointer would keep
+    freed weights alive."""
+    if not (tiles.tma and tma_ready(x) and tma_ready(w)):
+        return x, w, False
+    return tma_descriptor(x, [tiles.block_m, tiles.block_k]), tma_descriptor(w, [box_n, tiles.block_k]), True
 
 
 def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -547,18 +598,21 @@ def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor,
     heads = num_q_heads + 2 * num_kv_heads
     out = torch.empty((m, heads * head_dim), dtype=x.dtype, device=x.device)
     tiles, splits = _launch_shape(m, "rope_kv", tiles, splits)
-    bm, bn, bk, warps, stages = _fit(tiles, kdim, x.element_size())
+    tiles = _fit(tiles, kdim, x.element_size())
+    bm, bn, bk, warps, stages, _ = tiles
     bn = min(bn, half)
     write = kv_store is not None and cos.stride(-1) == 1 and sin.stride(0) == cos.stride(0)
     k_cache, v_cache, slots = kv_store if write else (out, out, out)
     tiles_n, tiles_m = heads * (half // bn), triton.cdiv(m, bm)
     splits, parts, counters = _tile_splits(x, tiles_n * tiles_m, kdim, bk, bm, bn, splits)
+    xa, wa, tma = _operands(x, qkv_weight, tiles, bn)
     _linear_rope_kv_kernel[(tiles_n, tiles_m, splits)](
-        x, qkv_weight, out, cos, sin, k_cache, v_cache, slots, parts, counters,
+        xa, wa, out, cos, sin, k_cache, v_cache, slots, parts, counters,
         m, kdim, x.stride(0), qkv_weight.stride(0), out.stride(0), cos.stride(0),
         NUM_Q=num_q_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        EVEN_K=(kdim // splits) % bk == 0, PRECISION=_precision(x), WRITE_KV=write, SPLITS=splits, num_warps=warps,
-        num_stages=stages, **_prefetch(x, kdim // splits), **kernel_options(x))
+        EVEN_K=(kdim // splits) % bk == 0, PRECISION=_precision(x), WRITE_KV=write, SPLITS=splits, TMA=tma,
+        num_warps=warps, num_stages=stages, **(_NO_PREFETCH if tma else _prefetch(x, kdim // splits)),
+        **kernel_options(x))
     qd, kd = num_q_heads * head_dim, num_kv_heads * head_dim
     q = out[:, :qd].view(m, num_q_heads, head_dim)
     k = out[:, qd:qd + kd].view(m, num_kv_heads, head_dim)
