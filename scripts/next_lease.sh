@@ -20,7 +20,8 @@
 #   i  (after h, FA4 from /tmp/site) where C=128 1K/128's time goes: its prefill phase (16 x 1K prompts packed into
 #      one step budget, under the profiler: GEMM / attention / norms / SwiGLU / other; lease 8: 36 prefill steps of
 #      ~82 ms, ~27 ms of each not GEMM by the 8K profile's rates) and its decode step (PROFILE c=128: 8.35 ms per loop
-#      step against the 7.06 ms floor) — what the 6.2 % to the 2,500 target would come from
+#      step against the 7.06 ms floor) — what the 6.2 % to the 2,500 target would come from; then C=128 end to end
+#      at step budgets of 16K (the harness default) and 32K tokens
 #   b2 the three fold sites one at a time (RLT_FOLD=attention / split_k / tiles; lease 8 measured them only all
 #      together: C=1 187.7 -> 160.7, C=64 3,408 -> 3,210): whether one of them alone pays at C=1 or C=64
 #   a  the whole GPU suite; FA4's tests too when h installed it on this machine (/tmp/site)
@@ -119,6 +120,10 @@ case $CALL in
       --out "$R/prefill-16x1k-profile.json" > "$R/prefill-16x1k-profile.log" 2>&1
     python3 -c "import json,sys; r=json.load(open(sys.argv[1]))[0]; print({k: r[k] for k in ('wall_ms_profiled', 'prompt_tok_per_s', 'device_busy_ms', 'ms_by_kind', 'attention')}); print(r['top_kernels_ms'][:8])" "$R/prefill-16x1k-profile.json"
     SKIP_TESTS=1 VARIANTS=none PROFILE="c=128,in=1024" PROFILE_ARGS="--feature-module rlt.decode.feature --disable-feature graphs --disable-feature pipeline" \
-      PROFILE_TIMEOUT=250 OUT=$R bash scripts/decode_h200.sh ;;
+      PROFILE_TIMEOUT=200 OUT=$R bash scripts/decode_h200.sh
+    for budget in 16384 32768; do  # the step token budget: fewer, fuller prefill steps?
+      SKIP_TESTS=1 VARIANTS=full BENCH_ARGS="--no-sync-steps --max-num-batched-tokens $budget" BENCH_TIMEOUT=100 \
+        ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R/budget$budget bash scripts/decode_h200.sh
+    done ;;
   *) echo "unknown CALL $CALL"; exit 2 ;;
 esac
