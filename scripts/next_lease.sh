@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# H200 lease calls, CALL=a..h (and bc), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
+# H200 lease calls, CALL=a..i (and b2, bc, d2, g2, g3), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
 #   OUT=benchmarks/results/h200-<date>-leaseN CALL=g bash scripts/next_lease.sh
 # Lease 8 (benchmarks/results/h200-20261205-lease8) ran f, h, bc, a and e's measurements: device-planned steps and
 # dense prefill reads paid and are on by default; the folds and the prefetch lost and stay off (no device was lent
-# the session after). Next lease, in order:
+# the session after; 2026-12-05's second session built g3, g2, i, b2 and d2 on CPU). A lease has 1,800 s of device
+# time and each call up to 600 s, so not all of these fit one lease. Next lease, by priority:
+#   a (the suite under the new defaults and the new TMA test) > g3 then g2 (TILES_JSON=$OUT/g3/tiles.json: the C=64
+#   gap) > d2 (chain lag) > i (C=128) > b2 (fold sites) > g, h, d. Each call:
 #   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
 #      (4 warps) and 64-wide ones (8 warps) x K splits 1/2/4 (benchmarks/decode_kernels.py's sweep); at 64 rows
 #      the default 32-wide tiles load as many activation bytes as weight bytes per program (C=64: the
