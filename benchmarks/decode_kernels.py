@@ -141,7 +141,7 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
                    "unfused_gbps": nbytes / base / 1e6}
             if kind == "plain":
                 if name in SPLIT_K_SHAPES:
-                    row.update(bench_split_k(ws, x, nbytes, m in sweep_rows))
+                    row.update(bench_split_k(ws, x, nbytes, m in sweep_rows, tma))
                 results.append(row)
                 print(f"{name:14s} m={m:4d}  cuBLAS {row['unfused_us']:7.1f} us ({row['unfused_gbps']:6.0f} GB/s)"
                       + (f"  | +add_norm_norm: cuBLAS {row['cublas_norm_us']:6.1f} us, split-K {row['split_norm_us']:6.1f} us "
@@ -195,9 +195,9 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
 SPLIT_K_SHAPES = ("o_proj", "down_proj")
 
 
-def _split_plans(m: int) -> list[fl.SplitPlan]:
+def _split_plans(m: int, tma: bool = False) -> list[fl.SplitPlan]:
     bms = [16] if m <= 16 else [64]
-    return [fl.SplitPlan(fl.Tiles(bm, bn, bk, 4, st), sp)
+    return [fl.SplitPlan(fl.Tiles(bm, bn, bk, 4, st, tma), sp)
             for bm, bn, bk, st, sp in itertools.product(bms, (16, 32, 64), (128, 256), (3, 4), (2, 4, 8))]
 
 
@@ -217,7 +217,7 @@ def _fold(on: bool = True):
         fold.refresh()
 
 
-def bench_split_k(ws: list[torch.Tensor], x: torch.Tensor, nbytes: int, sweep: bool) -> dict:
+def bench_split_k(ws: list[torch.Tensor], x: torch.Tensor, nbytes: int, sweep: bool, tma: bool = False) -> dict:
     """The projection plus the add_norm_norm that consumes it (as an Ouro layer runs them): cuBLAS +
     the plain kernel against split-K pieces summed by the kernel, at the default plan and (``sweep``)
     over plans. Rows above MAX_ROWS_SPLIT_K are timed too (the limit is lifted here to choose it)."""
@@ -248,7 +248,7 @@ def bench_split_k(ws: list[torch.Tensor], x: torch.Tensor, nbytes: int, sweep: b
                        fold_equal=bool(torch.equal(folded(ws[0]), split(ws[0]))))
         if sweep:
             best = None
-            for p in _split_plans(m):
+            for p in _split_plans(m, tma):
                 if x.shape[1] % (p.splits * p.tiles.block_k):
                     continue
                 try:
@@ -363,7 +363,8 @@ def main() -> int:
     ap.add_argument("--tiles-from", default="", help="print RLT_LINEAR_TILES for sweeps' JSON files (comma-separated "
                     "--out of linear sweeps) and exit: the shapes whose best launch beat the default by more than --min-gain")
     ap.add_argument("--min-gain", type=float, default=0.03)
-    ap.add_argument("--tma", action="store_true", help="sweep the fused projections with X / W read through TMA")
+    ap.add_argument("--tma", action="store_true", help="sweep the fused projections and the split-K plans with X / W "
+                    "read through TMA")
     args = ap.parse_args()
     if args.tiles_from:
         rows = []

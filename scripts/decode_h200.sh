@@ -17,7 +17,8 @@
 # steps under adaptive exit, --pipeline-device-exit; full = rlt-decode and rlt-prefill composed (FA4 for prompt rows
 # when it imports: carry and install its wheels first); fullfold = full with RLT_FOLD=1; fullpaged = full with FA4's paged call for every prompt row, RLT_DENSE_PREFILL=0; copy = rlt-decode with step metadata copied,
 # RLT_UVA=0, instead of read by the mapped-memory kernel; tiles = rlt-decode with the fused projections' launch shapes
-# from TILES, RLT_LINEAR_TILES=$TILES, e.g. a sweep's winners), BENCH_ARGS (e.g. --no-sync-steps: no device
+# from TILES, RLT_LINEAR_TILES=$TILES, e.g. a sweep's winners; splitktma = rlt-decode with the split-K projections
+# reading X and W through TMA, RLT_SPLIT_K_TMA=1), BENCH_ARGS (e.g. --no-sync-steps: no device
 # synchronise after each step, which a pipelined loop needs to overlap), KERNELS=1 (first the kernel
 # micro-benchmarks, benchmarks/decode_kernels.py, with KERNEL_ARGS), PROFILE="c=1,in=1024 ..." (a
 # torch-profiler kernel table of decode steps; PROFILE_ARGS e.g. "--feature-module rlt.decode.feature
@@ -51,6 +52,7 @@ for variant in ${VARIANTS:-base decode}; do
   prefetch=${RLT_PREFETCH:-}
   dense=${RLT_DENSE_PREFILL:-}
   tiles=${RLT_LINEAR_TILES:-}
+  splitktma=${RLT_SPLIT_K_TMA:-}
   uva=
   case $variant in  # base: the base engine; decode: rlt-decode's features; nopipe: rlt-decode without its pipeline
     none) continue ;;  # VARIANTS=none: no offline runs (a PROFILE alone)
@@ -70,12 +72,13 @@ for variant in ${VARIANTS:-base decode}; do
     paged) extra=(--feature-module rlt.decode.feature); dense=0 ;;
     all) extra=(--feature-module rlt.decode.feature); foldv=1; prefetch=1 ;;
     tiles) extra=(--feature-module rlt.decode.feature); tiles=${TILES:?the tiles variant needs TILES} ;;
+    splitktma) extra=(--feature-module rlt.decode.feature); splitktma=1 ;;
     devexit) extra=(--feature-module rlt.decode.feature --feature-flag=--pipeline-device-exit) ;;
     full) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features) ;;
     fullfold) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); foldv=1 ;;
     fullpaged) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); dense=0 ;;
   esac
-  RLT_LINEAR_TILES=$tiles RLT_DENSE_PREFILL=$dense RLT_FOLD=$foldv RLT_PREFETCH=$prefetch RLT_PDL=$pdl RLT_SPLIT_K=$split RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
+  RLT_SPLIT_K_TMA=$splitktma RLT_LINEAR_TILES=$tiles RLT_DENSE_PREFILL=$dense RLT_FOLD=$foldv RLT_PREFETCH=$prefetch RLT_PDL=$pdl RLT_SPLIT_K=$split RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
     --work-dir /tmp/rlt-bench --out-dir "$OUT/$variant" --reps 3 --warmup-output-len 4 "${extra[@]}" ${BENCH_ARGS:-} "${WORKLOADS[@]}" \
     > "$OUT/$variant.log" 2>&1
   echo "== $variant"; grep -E "^\| (c1-1k|c64-1k|c128-1k|c64-1k-adaptive|c64-refill|c64-refill-adaptive|c1-1k-adaptive) \| triton" "$OUT/$variant/results.md" || tail -20 "$OUT/$variant.log"

@@ -6,7 +6,7 @@
 # the session after; 2026-12-05's second session built g3, g2, i, b2 and d2 on CPU). A lease has 1,800 s of device
 # time and each call up to 600 s, so not all of these fit one lease. Next lease, by priority:
 #   a (the suite under the new defaults and the new TMA test) > g3 then g2 (TILES_JSON=$OUT/g3/tiles.json: the C=64
-#   gap) > d2 (chain lag) > i (C=128) > b2 (fold sites) > g, h, d. Each call:
+#   gap) > d2 (chain lag) > g4 (C=1 through TMA) > i (C=128) > b2 (fold sites) > g, h, d. Each call:
 #   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
 #      (4 warps) and 64-wide ones (8 warps) x K splits 1/2/4 (benchmarks/decode_kernels.py's sweep); at 64 rows
 #      the default 32-wide tiles load as many activation bytes as weight bytes per program (C=64: the
@@ -14,6 +14,8 @@
 #      the sweep's winners are timed end to end in g2 before one becomes fused_linear._tiles; carry .whl/fa4a
 #   g3 the same sweep at 64 rows with X and W read through TMA descriptors (Tiles.tma, built 2026-12-05: compiled
 #      for sm_90 on CPU — UTMALDG, wgmma, no spills — and exact under the interpreter; never run on a GPU)
+#   g4 the same at one row, with the split-K o_proj / down_proj plans through TMA too (RLT_SPLIT_K_TMA): C=1's
+#      kernels stream at 1.4-3 TB/s; then C=1 decode with RLT_SPLIT_K_TMA=1 against the default, back to back
 #   g2 (after g and g3; TILES_JSON=<their tiles.json, comma-separated> if their results came back to the repo) C=1
 #      and C=64 decode with the sweeps' winners (RLT_LINEAR_TILES, those > 3 % faster than the default) against the
 #      default, back to back
@@ -36,7 +38,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3}
+CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3, g4}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -95,6 +97,12 @@ case $CALL in
     timeout 540 python3 -m benchmarks.decode_kernels --parts linear --rows 64 --sweep-rows 64 --tma \
       --shapes "qkv+rope+kv,gate_up+silu" --out "$R/tiles.json" > "$R/tiles.log" 2>&1
     grep -E "^(qkv|gate_up)" "$R/tiles.log" | tail -4 ;;
+  g4)
+    timeout 330 python3 -m benchmarks.decode_kernels --parts linear --rows 1 --sweep-rows 1 --tma \
+      --shapes "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --out "$R/tiles.json" > "$R/tiles.log" 2>&1
+    grep -E "^(qkv|gate_up|o_proj|down_proj)" "$R/tiles.log" | tail -4
+    SKIP_TESTS=1 VARIANTS="decode splitktma" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 \
+      ONLY_WORKLOADS="--workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k" OUT=$R bash scripts/decode_h200.sh ;;
   g2)
     TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "${TILES_JSON:-$OUT/g/tiles.json,$OUT/g3/tiles.json}") || exit 1
     echo "RLT_LINEAR_TILES=${TILES:-(none beat the default by 3 %)}" | tee "$R/tiles.txt"

@@ -234,7 +234,7 @@ def test_fused_projections_split_over_k_with_the_fold(dtype, rows, monkeypatch):
 def test_fused_projections_through_tma(dtype, rows, splits):
     """``Tiles.tma`` on the GPU (sm_90+): X and W tiles by TMA descriptors — rows past M and the last gate
     tile's rows past I through the descriptors' bounds — within the fused kernels' bound of the eager ops,
-    with 2 K splits summed by the tile's last program."""
+    with 2 K splits summed by the tile's last program; and the split-K down_proj (RLT_SPLIT_K_TMA's plans)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     import torch.nn.functional as F
@@ -262,3 +262,8 @@ def test_fused_projections_through_tma(dtype, rows, splits):
     assert stored and torch.equal(kc[slots], k.reshape(rows, -1)) and torch.equal(vc[slots], v.reshape(rows, -1))
     for a, b, what in ((q, qe, "q"), (k, ke, "k"), (v, ve, "v")):
         _bounded(a, b, dtype, f"q/k/v + RoPE through TMA: {what}")
+    wd = (torch.randn(2048, 5632, device="cuda", generator=g) * 5632 ** -0.5).to(dtype)  # down_proj, 4 splits of 1408
+    xd = torch.randn(rows, 5632, device="cuda", generator=g).to(dtype)
+    plan = fl.SplitPlan(fl.Tiles(16 if rows <= 16 else 64, 32, 128, 4, 4, True), 4)
+    pieces = fl.linear_split_k(xd, wd, plan)
+    _bounded(pieces.total(), F.linear(xd, wd), dtype, "split-K down_proj through TMA")

@@ -66,6 +66,8 @@ def main() -> dict:
     for name, fn, consts in (("silu_mul", fl._linear_silu_mul_kernel, SILU), ("rope_kv", fl._linear_rope_kv_kernel, ROPE)):
         out[name + "/tma"] = sass_of(fn, dict(consts, **wide, SPLITS=2), num_warps=8, num_stages=3,
                                      types={"X": "tensordesc<bf16[64,128]>", "W": "tensordesc<bf16[64,128]>"})
+    out["split_k/tma"] = sass_of(fl._linear_split_k_kernel, dict(SPLIT_K, TMA=True, PREFETCH=False), num_stages=4,
+                                 types={"X": "tensordesc<bf16[16,128]>", "W": "tensordesc<bf16[32,128]>"})
     box = "tensordesc<bf16[128,128]>"  # Ouro's head_dim, the default 128 x 128 prefill tiles
     out["prefill/dense"] = sass_of(dense_prefill.dense_prefill_kernel, DENSE, num_warps=8, num_stages=2,
                                    types={"q_desc": box, "k_desc": box, "v_desc": box})

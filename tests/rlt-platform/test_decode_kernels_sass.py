@@ -77,13 +77,13 @@ def test_dense_prefill_loads_tiles_with_tma_and_chains_its_mma(sass):
     assert sass["prefill/dense"]["local"] == 0
 
 
-@pytest.mark.parametrize("kernel", ["silu_mul", "rope_kv"])
+@pytest.mark.parametrize("kernel", ["silu_mul", "rope_kv", "split_k"])
 def test_tma_projections_load_x_and_w_with_tma(sass, kernel):
-    """Tiles.tma at 64 rows (64-wide tiles, 8 warps, 2 K splits): X and W tiles by TMA (UTMALDG), no
-    pointer loads of them (LDGSTS / LDG only for the epilogue's cos / sin / slots and the split pieces),
-    the dots on wgmma, no spills."""
+    """Tiles.tma — the fused projections at 64 rows (64-wide tiles, 8 warps, 2 K splits), split-K down_proj at
+    one row (RLT_SPLIT_K_TMA): X and W tiles by TMA (UTMALDG), no cp.async pointer loads of them (LDGSTS),
+    the dots on tensor cores, no spills."""
     ops = sass[kernel + "/tma"]["ops"]
     assert index_of(ops, "UTMALDG") and not index_of(ops, "LDGSTS")
-    assert index_of(ops, "HGMMA")
+    assert index_of(ops, "HGMMA" if kernel != "split_k" else "HMMA")  # 16-row tiles: mma.sync, not wgmma
     assert sass[kernel + "/tma"]["local"] == 0
 

@@ -374,6 +374,17 @@ TMA_SCRIPT = textwrap.dedent("""
                     assert torch.equal(kc[sl], kk[written[sl]].reshape(-1)) and torch.equal(vc[sl], v[written[sl]].reshape(-1))
                 else:
                     assert bool((kc[sl] == 7).all()) and bool((vc[sl] == 7).all())
+    # the split-K o_proj / down_proj with RLT_SPLIT_K_TMA=1: the rule's plans read through TMA
+    from rlt.platform.models.fused_ops import SplitSum
+    assert fl._SPLIT_K_TMA
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-2)):
+        for m in (1, 5, 17):
+            x = torch.randn(m, 2048, generator=g).to(dtype)
+            w = (torch.randn(80, 2048, generator=g) * 0.03).to(dtype)       # N = 80: the last column tile past N
+            got = fl.linear_split_k(x, w)
+            assert seen.pop() is True and isinstance(got, SplitSum) and got.parts.shape[0] == 2
+            want = F.linear(x.float(), w.float())
+            assert (got.total().float() - want).abs().max() <= tol * want.abs().max() + 1e-3, (dtype, m)
     # a tensor TMA cannot read (rows not 16-byte aligned: K = 3 fp32 columns) takes the pointer loads
     x = torch.randn(2, 3, generator=g)
     gu = torch.randn(8, 3, generator=g)
@@ -387,8 +398,9 @@ TMA_SCRIPT = textwrap.dedent("""
 def test_tma_operand_loads_match_the_eager_ops_under_interpreter():
     """``Tiles.tma``: the fused projections read X and W through TMA descriptors (the interpreter has TMA): the
     same results as the eager ops and the pointer loads — rows past M, gate rows past I and columns past K
-    read through the descriptors' bounds — and the pointer loads where a tensor is not TMA-readable."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "RLT_FOLD": "0"}
+    read through the descriptors' bounds — and the pointer loads where a tensor is not TMA-readable; the
+    split-K projections too, with ``RLT_SPLIT_K_TMA=1``."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "RLT_FOLD": "0", "RLT_SPLIT_K_TMA": "1"}
     r = subprocess.run([sys.executable, "-c", TMA_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 

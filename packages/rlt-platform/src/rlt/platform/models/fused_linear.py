@@ -255,19 +255,25 @@ if triton is not None:
                                EVEN_K: tl.constexpr, PRECISION: tl.constexpr, FOLD: tl.constexpr,
                                SPLITS: tl.constexpr, HAS_SECOND: tl.constexpr, BLOCK_ROW: tl.constexpr,
                                PDL: tl.constexpr, PREFETCH: tl.constexpr = False, LINE: tl.constexpr = 64,
-                               LINES: tl.constexpr = 1):
+                               LINES: tl.constexpr = 1, TMA: tl.constexpr = False):
         """One program: weight rows ``[j*B, j*B+B)`` over the K range of split ``program_id(1)``. With FOLD
         the program storing the last piece of its row block runs ``add_norm_norm`` on those rows
-        (``H``, ``W1``, ``W2`` -> ``OUT_H``, ``OUT_N``; ``CNT``: one zeroed ticket counter per row block)."""
+        (``H``, ``W1``, ``W2`` -> ``OUT_H``, ``OUT_N``; ``CNT``: one zeroed ticket counter per row block).
+        TMA: X and W are TMA descriptors."""
         cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         split = tl.program_id(1)
-        prefetch_rows_l2(W, cols, N, stride_wn, split * K_SPLIT, K_SPLIT, LINE, LINES, PREFETCH)
+        if not TMA:
+            prefetch_rows_l2(W, cols, N, stride_wn, split * K_SPLIT, K_SPLIT, LINE, LINES, PREFETCH)
         dependent_wait(PDL)
         offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_n, mask_m = cols < N, offs_m < M
         k0 = split * K_SPLIT
-        acc, _ = _dot2(X + k0, W + k0, cols, cols, mask_n, mask_n, offs_m, mask_m, K_SPLIT, stride_xm, stride_wn,
-                       BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, False, PRECISION)
+        if TMA:
+            acc, _ = _dot2_tma(X, W, tl.program_id(2) * BLOCK_M, tl.program_id(0) * BLOCK_N, 0, k0, K_SPLIT, BLOCK_M,
+                               BLOCK_N, BLOCK_K, False, PRECISION)
+        else:
+            acc, _ = _dot2(X + k0, W + k0, cols, cols, mask_n, mask_n, offs_m, mask_m, K_SPLIT, stride_xm, stride_wn,
+                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, False, PRECISION)
         launch_dependents(PDL)
         tl.store(PARTS + split * stride_ps + offs_m[:, None].to(tl.int64) * stride_pm + cols[None, :], acc,
                  mask=mask_m[:, None] & mask_n[None, :])
@@ -282,10 +288,13 @@ if triton is not None:
                 reset_counter(counter)
 
 
-#: ``RLT_FUSED_LINEAR`` / ``RLT_SPLIT_K``, read once at import (A/B switches set per process; a launch
+#: ``RLT_FUSED_LINEAR`` / ``RLT_SPLIT_K`` / ``RLT_SPLIT_K_TMA``, read once at import (A/B switches set per process; a launch
 #: does not pay for environment lookups — eager decode paths are host-bound).
 _FUSED = os.environ.get("RLT_FUSED_LINEAR", "1") != "0"
 _SPLIT_K = os.environ.get("RLT_SPLIT_K", "1") != "0"
+#: ``RLT_SPLIT_K_TMA=1``: the split-K projections read X and W through TMA (``Tiles.tma``) where they can; off
+#: until an H200 A/B measures it (``scripts/next_lease.sh`` call g4 times it per kernel)
+_SPLIT_K_TMA = os.environ.get("RLT_SPLIT_K_TMA", "0") == "1"
 
 
 def small_m_usable(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> bool:
@@ -496,6 +505,7 @@ def _launch_split_k(x: torch.Tensor, weight: torch.Tensor, plan: SplitPlan, fold
     n = weight.shape[0]
     (bm, bn, bk, warps, stages, _), splits = plan
     parts = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    xa, wa, tma = _operands(x, weight, plan.tiles, bn)
     if fold is None:
         tail = (x, x, x, x, x, x, 0, 0, 0, 0.0)  # not read (FOLD off)
         has_second = False
@@ -505,10 +515,10 @@ def _launch_split_k(x: torch.Tensor, weight: torch.Tensor, plan: SplitPlan, fold
         tail = (_fold_counters(x.device, triton.cdiv(m, bm)), h, w1, w2 if has_second else w1, out_h, out_n, h.stride(0),
                 out_h.stride(0), out_n.stride(0), eps)
     _linear_split_k_kernel[(triton.cdiv(n, bn), splits, triton.cdiv(m, bm))](
-        x, weight, parts, m, n, k // splits, x.stride(0), weight.stride(0), parts.stride(0), parts.stride(1), *tail,
+        xa, wa, parts, m, n, k // splits, x.stride(0), weight.stride(0), parts.stride(0), parts.stride(1), *tail,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, PRECISION=_precision(x), FOLD=fold is not None,
-        SPLITS=splits, HAS_SECOND=has_second, BLOCK_ROW=triton.next_power_of_2(n), num_warps=warps,
-        num_stages=stages, **_prefetch(x, k // splits), **kernel_options(x))
+        SPLITS=splits, HAS_SECOND=has_second, BLOCK_ROW=triton.next_power_of_2(n), TMA=tma, num_warps=warps,
+        num_stages=stages, **(_NO_PREFETCH if tma else _prefetch(x, k // splits)), **kernel_options(x))
     return parts
 
 
@@ -543,6 +553,8 @@ def linear_split_k(x: torch.Tensor, weight: torch.Tensor,
     plan = plan or split_plan(m, weight.shape[0], k, x.element_size())
     if plan is None:
         return F.linear(x, weight)
+    if _SPLIT_K_TMA and not plan.tiles.tma:
+        plan = plan._replace(tiles=plan.tiles._replace(tma=True))
     if m <= MAX_ROWS_FOLD and fold_enabled(x, "split_k"):
         return _FoldedSplitK(x, weight, plan)
     return SplitSum(_launch_split_k(x, weight, plan), x.dtype)
