@@ -20,6 +20,7 @@ from typing import Any, Callable, TypeVar
 import anyio.to_thread
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from rlt.serve.state import check_text
@@ -56,6 +57,8 @@ def parse_body(raw: bytes, content_type: str | None, model: type[M],
         except json.JSONDecodeError as e:
             raise RequestValidationError([{"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
                                            "input": {}, "ctx": {"error": e.msg}}], body=e.doc) from None
+        except (ValueError, RecursionError) as e:  # not UTF-8, an int of too many digits, nesting too deep: as FastAPI
+            raise HTTPException(status_code=400, detail="There was an error parsing the body") from e
         if precheck is not None:
             precheck(body)
     try:
