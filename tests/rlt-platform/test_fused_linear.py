@@ -327,7 +327,8 @@ def test_linear_tiles_override_parsing():
     assert parse("silu_mul:64=64x64x128x8x3x0")[("silu_mul", False)][0].tma is False
     for bad in ("qkv:64=64x32x128x4x4", "rope_kv=64x32x128x4x4", "rope_kv:64=64x32x128x4", "rope_kv:64=8x32x128x4x4",
                 "rope_kv:64=64x48x128x4x4", "rope_kv:64=64x32x128x4x4/0", "rope_kv:0=64x32x128x4x4",
-                "silu_mul:64=64x32x128x4x4/two", "silu_mul:64=64x32x128x4x4x2", "silu_mul:64=64x32x128x4x4x1x1"):
+                "silu_mul:64=64x32x128x4x4/two", "silu_mul:64=64x32x128x4x4x2", "silu_mul:64=64x32x128x4x4x1x1",
+                "silu_mul:64=64x32x128x6x4"):   # Triton compiles power-of-two warp counts only
         with pytest.raises(ValueError, match="RLT_LINEAR_TILES entry"):
             parse(bad)
 

@@ -346,11 +346,11 @@ def parse_tile_overrides(text: str) -> dict[tuple[str, bool], tuple[Tiles, int |
             count = int(splits) if splits else None
             if kind not in TILE_KINDS or int(rows) < 1 or (count is not None and count < 1):
                 raise ValueError
-            if min(tiles[:5]) < 1 or tiles.block_m < 16 or any(v & (v - 1) for v in tiles[:3]):
+            if min(tiles[:5]) < 1 or tiles.block_m < 16 or any(v & (v - 1) for v in tiles[:4]):  # Triton: 2^n warps
                 raise ValueError
         except (ValueError, TypeError):
             raise ValueError(f"RLT_LINEAR_TILES entry {entry!r}: expected KIND:ROWS=BMxBNxBKxWARPSxSTAGES[xTMA][/SPLITS] "
-                             f"with KIND one of {', '.join(TILE_KINDS)}, power-of-two BM >= 16, BN, BK, TMA 0 or 1") from None
+                             f"with KIND one of {', '.join(TILE_KINDS)}, power-of-two BM >= 16, BN, BK, WARPS, TMA 0 or 1") from None
         out[(kind, int(rows) <= 16)] = (tiles, count)
     return out
 
