@@ -104,10 +104,14 @@ case $CALL in
     SKIP_TESTS=1 VARIANTS="decode splitktma" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 \
       ONLY_WORKLOADS="--workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k" OUT=$R bash scripts/decode_h200.sh ;;
   g2)
-    TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "${TILES_JSON:-$OUT/g/tiles.json,$OUT/g3/tiles.json}") || exit 1
+    SWEEPS=${TILES_JSON:-$OUT/g/tiles.json,$OUT/g3/tiles.json}
+    for f in ${SWEEPS//,/ }; do [ -f "$f" ] || echo "no sweep results at $f"; done
+    TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "$SWEEPS") || exit 1
     echo "RLT_LINEAR_TILES=${TILES:-(none beat the default by 3 %)}" | tee "$R/tiles.txt"
-    [ -n "$TILES" ] && SKIP_TESTS=1 TILES="$TILES" VARIANTS="decode tiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=250 \
-      OUT=$R bash scripts/decode_h200.sh ;;
+    if [ -n "$TILES" ]; then
+      SKIP_TESTS=1 TILES="$TILES" VARIANTS="decode tiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=250 \
+        OUT=$R bash scripts/decode_h200.sh
+    fi ;;
   h)
     . scripts/install_carried_wheels.sh .whl/fa4a .whl/fa4b
     if ! python3 -c "import flash_attn.cute" > "$R/fa4-import.log" 2>&1; then
