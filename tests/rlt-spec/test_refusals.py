@@ -105,6 +105,9 @@ def test_step_cost_default_follows_the_composition():
     assert SpecOptions().resolved_step_cost({"self_spec", "async_self_spec", "static_buffers", "graphs", "pipeline",
                                              "preemption"}) == GRAPH_STEP_COST
     assert SpecOptions().resolved_step_cost({"self_spec", "async_self_spec", "graphs"}) == GRAPH_STEP_COST
+    # chain_lag 0: the pipeline completes every chain step before the next (host-synchronous, like rounds)
+    assert SpecOptions(chain_lag=0).resolved_step_cost({"self_spec", "async_self_spec", "static_buffers", "graphs",
+                                                        "pipeline"}) == GRAPH_STEP_COST
     # at the graph default overlapped d = 1 pays at high acceptance and not at low (Ouro's 4 loops)
     assert best_k(0.95, 8, 1, 4, 0.05, overlap=True, step_cost=GRAPH_STEP_COST) > 0
     assert best_k(0.2, 8, 1, 4, 0.05, overlap=True, step_cost=GRAPH_STEP_COST) == 0

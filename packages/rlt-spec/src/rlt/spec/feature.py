@@ -78,7 +78,7 @@ class SpecOptions:
         "help": "adaptive K counts a speculative step as this many plain decode steps (default: "
                 f"{GRAPH_STEP_COST:g} when rlt-decode's graphs are on, where plain steps are pipelined and speculative "
                 f"ones host-synchronous; {LAGGED_STEP_COST:g} for overlapped rounds with the pipeline, whose steps are "
-                "lagged too; 1 otherwise; measured on the H200: benchmarks/spec_bench.py measures it)"})
+                "lagged too (chain_lag > 0); 1 otherwise; measured on the H200: benchmarks/spec_bench.py measures it)"})
     max_running: int = attrs.field(default=8, metadata={
         "help": "adaptive K starts no round while more than this many requests run (0: no limit)"})
     chain_lag: int = attrs.field(default=CHAIN_LAG, metadata={
@@ -114,7 +114,7 @@ class SpecOptions:
             return self.step_cost
         if "graphs" not in enabled_features:
             return 1.0
-        lagged = "async_self_spec" in enabled_features and chains_lagged(enabled_features)
+        lagged = "async_self_spec" in enabled_features and chains_lagged(enabled_features) and self.chain_lag > 0
         return LAGGED_STEP_COST if lagged else GRAPH_STEP_COST
 
     def resolved_draft_loops(self, num_loops: int) -> int:
