@@ -13,7 +13,8 @@ from rlt.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     TokenizeRequest,
-    normalize_prompt,
+    check_prompt_shape,
+    prompt_items,
     seed_for_choice,
 )
 
@@ -25,7 +26,8 @@ from rlt.serve.protocol import (
     ([[1], [2, 3]], ([[1], [2, 3]], True)),
 ])
 def test_prompt_shapes(value, want):
-    assert normalize_prompt(value) == want
+    check_prompt_shape(value)
+    assert prompt_items(value) == want
 
 
 @pytest.mark.parametrize("value, words", [
@@ -39,7 +41,7 @@ def test_prompt_shapes(value, want):
 ])
 def test_bad_prompt_shapes(value, words):
     with pytest.raises(ValueError, match=words):
-        normalize_prompt(value)
+        check_prompt_shape(value)
     with pytest.raises(ValidationError):
         CompletionRequest.model_validate({"prompt": value})
 

@@ -48,14 +48,8 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def normalize_prompt(value: Any) -> tuple[list[PromptItem], bool]:
-    """``str | list[str] | list[int] | list[list[int]]`` -> (prompts, was_a_batch)."""
-    check_prompt_shape(value)
-    return _prompt_items(value)
-
-
 def check_prompt_shape(value: Any) -> None:
-    """ValueError unless ``value`` is one of the prompt shapes :func:`normalize_prompt` takes."""
+    """ValueError unless ``value`` is ``str | list[str] | list[int] | list[list[int]]`` (non-empty lists)."""
     shape = "a string, a list of strings, a list of token ids, or a list of token-id lists"
     if isinstance(value, str):
         return
@@ -75,8 +69,9 @@ def check_prompt_shape(value: Any) -> None:
     raise ValueError(f"must be {shape}, not a mixture")
 
 
-def _prompt_items(value: Any) -> tuple[list[PromptItem], bool]:
-    """:func:`normalize_prompt` of a value whose shape was checked (its first item tells the shape)."""
+def prompt_items(value: Any) -> tuple[list[PromptItem], bool]:
+    """A prompt value whose shape :func:`check_prompt_shape` passed -> (prompts, was_a_batch); its first
+    item tells the shape."""
     if isinstance(value, str):
         return [value], False
     if isinstance(value[0], str):
@@ -211,7 +206,7 @@ class CompletionRequest(SamplingFields):
         return v
 
     def prompts(self) -> tuple[list[PromptItem], bool]:
-        return _prompt_items(self.prompt)  # the shape was checked when the body was validated
+        return prompt_items(self.prompt)  # the shape was checked when the body was validated
 
     def check_supported(self, max_n: int) -> None:
         super().check_supported(max_n)
