@@ -419,13 +419,13 @@ def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
     """The split-K launch for ``[m, k] @ [n, k].T``: the most splits (2, 4 or 8) whose K ranges are at
     least :data:`MIN_SPLIT_K` long and whole K tiles (the widest of 256, 128, 64, 32 columns that
     divides them); None when no split fits (the caller keeps cuBLAS). Column tiles of 32 weight rows,
-    16 or 64 batch rows per dot tile."""
+    16 or 64 batch rows per dot tile; read through TMA with ``RLT_SPLIT_K_TMA=1``."""
     for splits in (8, 4, 2):
         if k // splits < MIN_SPLIT_K:
             continue
         for bk in (256, 128, 64, 32):
             if k % (splits * bk) == 0:
-                tiles = _fit(Tiles(16 if m <= 16 else 64, 32, bk, 4, 4), k // splits, elem)
+                tiles = _fit(Tiles(16 if m <= 16 else 64, 32, bk, 4, 4, _SPLIT_K_TMA), k // splits, elem)
                 return SplitPlan(tiles, splits)
     return None
 
@@ -553,8 +553,6 @@ def linear_split_k(x: torch.Tensor, weight: torch.Tensor,
     plan = plan or split_plan(m, weight.shape[0], k, x.element_size())
     if plan is None:
         return F.linear(x, weight)
-    if _SPLIT_K_TMA and not plan.tiles.tma:
-        plan = plan._replace(tiles=plan.tiles._replace(tma=True))
     if m <= MAX_ROWS_FOLD and fold_enabled(x, "split_k"):
         return _FoldedSplitK(x, weight, plan)
     return SplitSum(_launch_split_k(x, weight, plan), x.dtype)
