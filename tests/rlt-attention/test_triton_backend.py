@@ -155,6 +155,8 @@ def test_dense_prefill_is_on_unless_refused_and_used_only_where_usable(monkeypat
     assert TritonBackend._dense_ready(q, kv, torch.zeros(1))
     assert not TritonBackend._dense_ready(q, kv, torch.zeros(1, dtype=torch.bfloat16))  # not the cache's values
     assert not TritonBackend._dense_ready(torch.zeros(8, 2, 24), kv, torch.zeros(1))     # head_dim not a power of 2
+    small = (torch.zeros(8, 1, 8), torch.zeros(8, 1, 8))  # tl.dot's K >= 16 (the GPU compile refuses head_dim 8)
+    assert not TritonBackend._dense_ready(torch.zeros(8, 2, 8), small, torch.zeros(1))
     assert not TritonBackend._dense_ready(q, (kv[0][:, :, :8], kv[1]), torch.zeros(1))    # shapes differ
 
 

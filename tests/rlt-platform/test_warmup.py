@@ -7,6 +7,7 @@ import pytest
 
 from engine_helpers import check_against_reference, random_prompts, run_engine
 from rlt.platform import EngineConfig, LLMEngine, SamplingParams
+from rlt.platform.engine.warmup import LENGTHS, alone_lengths
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
@@ -17,7 +18,7 @@ def test_warm_up_leaves_the_engine_clean_and_exact(tiny_checkpoint):
     free = engine.stats().num_free_kv_blocks
     report = engine.warm_up(max_concurrency=6, max_prompt_len=40, output_len=3)
     assert not report.cut and not report.refused
-    assert report.requests == 1 + 6 + 6 and report.steps > 13
+    assert report.requests == 3 + 6 + 6 and report.steps > 15  # alone: 16, 31, 40
     assert not engine.has_unfinished_requests()
     assert engine.stats().num_free_kv_blocks == free  # every page back
     prompts = random_prompts(4, 320, seed=3)
@@ -32,14 +33,14 @@ def test_warm_up_lengths_respect_the_engine_limits(tiny_checkpoint):
     engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", block_size=4, max_model_len=64,
                                     max_num_batched_tokens=32, max_num_seqs=4))
     report = engine.warm_up(max_concurrency=4)
-    assert not report.refused and report.requests == 9
+    assert not report.refused and report.requests == 2 + 4 + 4  # alone: 16, 32
 
 
 def test_warm_up_falls_back_to_plain_requests_under_fixed_depth(tiny_checkpoint):
     path = tiny_checkpoint(seed=3)
     engine = LLMEngine(EngineConfig(model=str(path), dtype="float32", block_size=4, fixed_depth=True))
     report = engine.warm_up(max_concurrency=3, max_prompt_len=20, output_len=2)
-    assert not report.refused and report.requests == 7
+    assert not report.refused and report.requests == 2 + 3 + 3  # alone: 16, 20
 
 
 def test_warm_up_deadline_aborts_the_rest(tiny_checkpoint):
@@ -58,3 +59,11 @@ def test_warm_up_needs_an_idle_engine(tiny_checkpoint):
     engine.add_request("x", [5, 6, 7], GREEDY)
     with pytest.raises(RuntimeError, match="idle engine"):
         engine.warm_up()
+
+
+def test_requests_alone_cover_every_prompt_tile():
+    """One lone prompt per power-of-two query tile (16 .. 128 rows and up): each is a kernel variant a
+    request arriving at an idle server compiles."""
+    assert alone_lengths(LENGTHS) == [16, 31, 64, 100, 255, 512, 1024]
+    assert alone_lengths([1, 3]) == [3]
+    assert alone_lengths([1, 3, 16, 17, 20]) == [16, 20]

@@ -390,11 +390,13 @@ class TritonBackend(AttentionBackend):
         """Whether the dense TMA path can read this step's K/V: Triton's host-side tensor descriptors exist,
         the device has TMA (CUDA sm_90+; or the interpreter), the values are the cache's (same dtype), and
         every 2-D view ``[tokens, heads * head_dim]`` has a contiguous head_dim, 16-byte aligned rows and
-        base, and a power-of-two head_dim of at most 256 (one TMA box)."""
+        base, and a power-of-two head_dim of 16 to 256 (one TMA box; ``tl.dot`` needs K >= 16 on the GPU, which
+        the interpreter does not check: head_dim 8 failed to compile on the H200, lease 9 — the paged kernel
+        pads head_dim to 16 instead)."""
         if _tensor_descriptor() is None or not _has_tma(q.device):
             return False
         d = q.shape[2]
-        if d & (d - 1) or d > 256 or d * q.element_size() < 16:
+        if d & (d - 1) or not 16 <= d <= 256:
             return False
         for t in (q, *new_kv):
             if t.dtype != cache.dtype or t.dim() != 3 or t.shape[2] != d or t.stride(2) != 1 or t.stride(1) != d:

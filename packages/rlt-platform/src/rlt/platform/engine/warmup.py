@@ -10,9 +10,9 @@ reason.
 
 :func:`warm_up` drives the engine's public API only (``add_request`` / ``step`` /
 ``abort_request``), so every installed feature's kernels compile along the path they take in
-serving: one request alone, then requests arriving one per step with prompt lengths on both
-sides of the specialisation boundaries (mixed prompt + decode steps at growing row counts), then
-a burst admitted at once (packed prompts), with adaptive exit on half of them when the engine
+serving: one request alone (a prompt per query tile size, :func:`alone_lengths`), then requests
+arriving one per step with prompt lengths on both sides of the specialisation boundaries (mixed
+prompt + decode steps at growing row counts), then a burst admitted at once (packed prompts), with adaptive exit on half of them when the engine
 accepts per-request thresholds. Prompts are seeded random token ids, outputs are discarded, every
 request is finished or aborted before it returns (KV freed: the pool is as before, except prefix
 pages a prefix cache may keep, which are evictable), and it stops at ``deadline_s``.
@@ -34,6 +34,19 @@ from rlt.platform.sampling_params import SamplingParams
 #: prompt lengths: 1, around the 16-multiple specialisation boundaries, and up to 1K
 LENGTHS = (1, 3, 16, 17, 31, 64, 100, 255, 512, 1000, 1024)
 PREFIX = "rlt-warmup-"
+
+
+def alone_lengths(lengths) -> list[int]:
+    """The longest of ``lengths`` in each power-of-two bucket from 16 up: the prompt-attention kernels pick
+    their query tile from the step's longest prompt (16, 32, 64, 128 rows) and compile a variant for a
+    prompt that runs alone (no other row to skip), so a request arriving alone at an idle server meets one
+    of these. The H200 compiled the 128-row one mid-traffic when the warm-up ran a lone 64-token prompt only
+    (lease 9, ``tests/gpu/test_compiles_gpu.py``)."""
+    buckets: dict[int, int] = {}
+    for n in lengths:
+        bucket = max(16, 1 << max(0, n - 1).bit_length())
+        buckets[bucket] = max(buckets.get(bucket, 0), n)
+    return [buckets[b] for b in sorted(buckets)]
 
 
 @attrs.frozen
@@ -67,9 +80,16 @@ def warm_up(engine: Any, *, max_concurrency: int = 48, max_prompt_len: int = 102
     n = max(1, min(max_concurrency, engine.ctx.max_num_seqs))
     state = _Run(engine, rng, vocab, output_len, time.perf_counter() + deadline_s)
     t0 = time.perf_counter()
-    # 1. one request alone (the C = 1 path: single-row prompt and decode steps)
-    state.add(lengths[len(lengths) // 2], adaptive=False)
-    state.drain()
+    # 1. one request alone (the C = 1 path: single-row prompt and decode steps), once per prompt tile
+    for length in alone_lengths(lengths):
+        state.add(length, adaptive=False)
+        state.drain()
+    # ... and where the engine chunks prompts longer than a step (chunked prefill, a budget below
+    # max_model_len), one of those alone: its later chunks read earlier ones from the cache (other kernels)
+    chunked = min(engine.max_model_len - output_len - 1, 2 * engine.max_num_batched_tokens + 1)
+    if chunked > engine.max_num_batched_tokens:
+        state.add(chunked, adaptive=False, optional=True)
+        state.drain()
     # 2. arrivals one per step: mixed prompt + decode steps at every row count up to n
     for i in range(n):
         state.add(lengths[i % len(lengths)], adaptive=i % 2 == 1)
@@ -90,7 +110,9 @@ class _Run:
         self.adaptive_ok = True  # until the engine refuses a per-request threshold
         self.cut = False
 
-    def add(self, length: int, *, adaptive: bool) -> None:
+    def add(self, length: int, *, adaptive: bool, optional: bool = False) -> None:
+        """Submit a prompt of ``length`` tokens; a refusal is recorded unless ``optional`` (a shape only
+        some compositions take)."""
         if self.cut:
             return
         prompt = [self.rng.randrange(self.vocab) for _ in range(length)]
@@ -104,7 +126,8 @@ class _Run:
         try:
             self._submit(prompt, SamplingParams(**params))
         except InvalidRequestError as exc:
-            self.refused.append(str(exc))
+            if not optional:
+                self.refused.append(str(exc))
 
     def _submit(self, prompt, params) -> None:
         self.engine.add_request(f"{PREFIX}{self.count}", prompt, params)
