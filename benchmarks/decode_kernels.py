@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from rlt.attention import fold
+from rlt.attention.backends.triton_backend import tma_ready
 from rlt.platform.models import fused_linear as fl
 from rlt.platform.models.fused_ops import add_norm_norm, rope_qk_, silu_mul
 from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
@@ -153,7 +154,8 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
             err = rel_err(fused(ws[0]), unfused(ws[0]))
             dflt = graph_time_ms(lambda: [fused(w) for w in ws]) / copies
             row.update(fused_us=dflt * 1e3, fused_gbps=nbytes / dflt / 1e6, rel_err=err,
-                       default_tiles=list(fl._tiles(m, "rope_kv" if kind == "rope" else "silu_mul")))
+                       default_tiles=list(fl._launch_shape(m, "rope_kv" if kind == "rope" else "silu_mul", None, None,
+                                                           tma_ready(x) and tma_ready(ws[0]))[0]))
             with _fold():  # rlt.attention.fold: the projection split over K, the last program finishing a tile
                 folded = graph_time_ms(lambda: [fused(w) for w in ws]) / copies
                 row.update(fold_us=folded * 1e3, fold_err=rel_err(fused(ws[0]), unfused(ws[0])))

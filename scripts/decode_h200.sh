@@ -18,7 +18,8 @@
 # when it imports: carry and install its wheels first); fullfold = full with RLT_FOLD=1; fullpaged = full with FA4's paged call for every prompt row, RLT_DENSE_PREFILL=0; copy = rlt-decode with step metadata copied,
 # RLT_UVA=0, instead of read by the mapped-memory kernel; tiles = rlt-decode with the fused projections' launch shapes
 # from TILES, RLT_LINEAR_TILES=$TILES, e.g. a sweep's winners; splitktma = rlt-decode with the split-K projections
-# reading X and W through TMA, RLT_SPLIT_K_TMA=1), BENCH_ARGS (e.g. --no-sync-steps: no device
+# reading X and W through TMA, RLT_SPLIT_K_TMA=1 (the default since lease 9); notma = rlt-decode with every
+# projection on pointer loads, as before lease 9: RLT_SPLIT_K_TMA=0 and the old >16-row tiles), BENCH_ARGS (e.g. --no-sync-steps: no device
 # synchronise after each step, which a pipelined loop needs to overlap), KERNELS=1 (first the kernel
 # micro-benchmarks, benchmarks/decode_kernels.py, with KERNEL_ARGS), PROFILE="c=1,in=1024 ..." (a
 # torch-profiler kernel table of decode steps; PROFILE_ARGS e.g. "--feature-module rlt.decode.feature
@@ -73,6 +74,7 @@ for variant in ${VARIANTS:-base decode}; do
     all) extra=(--feature-module rlt.decode.feature); foldv=1; prefetch=1 ;;
     tiles) extra=(--feature-module rlt.decode.feature); tiles=${TILES:?the tiles variant needs TILES} ;;
     splitktma) extra=(--feature-module rlt.decode.feature); splitktma=1 ;;
+    notma) extra=(--feature-module rlt.decode.feature); splitktma=0; tiles="rope_kv:64=64x32x128x4x4,silu_mul:64=64x32x128x4x3" ;;
     devexit) extra=(--feature-module rlt.decode.feature --feature-flag=--pipeline-device-exit) ;;
     full) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features) ;;
     fullfold) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); foldv=1 ;;

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# H200 lease calls, CALL=a..i (and b2, bc, d2, g2, g3), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
+# H200 lease calls, CALL=a..i (and b2, bc, d2, g2, g3, g4, n), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
 #   OUT=benchmarks/results/h200-<date>-leaseN CALL=g bash scripts/next_lease.sh
-# Lease 8 (benchmarks/results/h200-20261205-lease8) ran f, h, bc, a and e's measurements: device-planned steps and
-# dense prefill reads paid and are on by default; the folds and the prefetch lost and stay off (no device was lent
-# the session after; 2026-12-05's second session built g3, g2, i, b2 and d2 on CPU). A lease has 1,800 s of device
-# time and each call up to 600 s, so not all of these fit one lease. Next lease, by priority:
-#   a (the suite under the new defaults and the new TMA test) > g3 then g2 (TILES_JSON=$OUT/g3/tiles.json: the C=64
-#   gap) > d2 (chain lag) > g4 (C=1 through TMA) > i (C=128) > b2 (fold sites) > g, h, d. Each call:
+# Lease 9 (benchmarks/results/h200-20261205-lease9) ran g3, a, g2, d2 (lags 2, 1), b2, i's budgets and g4's end-to-end
+# half: TMA tiles above 16 rows and the split-K projections through TMA paid and are on by default; the suite found
+# two defects (dense prefill at head_dim < 16, warm-up missing lone-prompt tiles), fixed on CPU after the lease. A
+# lease has 1,800 s of device time and each call up to 600 s, so not all of these fit one lease. Next lease, by priority:
+#   a (the suite after lease 9's fixes) > n (the TMA defaults together against pointer loads) > h (FA4) > i (C=128
+#   profiles) > d > d2 (LAGS=0) > g4 (the one-row TMA sweep). Each call:
+#   n  rlt-decode with every projection on pointer loads (`notma`: the pre-lease-9 defaults) against the default, C=1
+#      and C=64, back to back: lease 9 timed the two TMA flips separately (+1.2 % and +0.4-0.8 %), not together
 #   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
 #      (4 warps) and 64-wide ones (8 warps) x K splits 1/2/4 (benchmarks/decode_kernels.py's sweep); at 64 rows
 #      the default 32-wide tiles load as many activation bytes as weight bytes per program (C=64: the
 #      projections take ~1.1 of 4.59 ms per loop step at ~2-2.8 TB/s; C=64 decode 3,408 vs the 3,800 target) —
 #      the sweep's winners are timed end to end in g2 before one becomes fused_linear._tiles; carry .whl/fa4a
-#   g3 the same sweep at 64 rows with X and W read through TMA descriptors (Tiles.tma, built 2026-12-05: compiled
-#      for sm_90 on CPU — UTMALDG, wgmma, no spills — and exact under the interpreter; never run on a GPU)
+#   g3 the same sweep at 64 rows with X and W read through TMA descriptors (Tiles.tma; lease 9: its winners are
+#      the defaults above 16 rows now)
 #   g4 the same at one row, with the split-K o_proj / down_proj plans through TMA too (RLT_SPLIT_K_TMA): C=1's
 #      kernels stream at 1.4-3 TB/s; then C=1 decode with RLT_SPLIT_K_TMA=1 against the default, back to back
 #   g2 (after g and g3; TILES_JSON=<their tiles.json, comma-separated> if their results came back to the repo) C=1
@@ -26,9 +28,8 @@
 #      one step budget, under the profiler: GEMM / attention / norms / SwiGLU / other; lease 8: 36 prefill steps of
 #      ~82 ms, ~27 ms of each not GEMM by the 8K profile's rates) and its decode step (PROFILE c=128: 8.35 ms per loop
 #      step against the 7.06 ms floor) — what the 6.2 % to the 2,500 target would come from; then C=128 end to end
-#      at step budgets of 16K (the harness default) and 32K tokens
-#   b2 the three fold sites one at a time (RLT_FOLD=attention / split_k / tiles; lease 8 measured them only all
-#      together: C=1 187.7 -> 160.7, C=64 3,408 -> 3,210): whether one of them alone pays at C=1 or C=64
+#      at step budgets of 16K (the harness default) and 32K tokens (lease 9 ran the budgets: 2,341 / 2,401)
+#   b2 the three fold sites one at a time (RLT_FOLD=attention / split_k / tiles; lease 9: none pays alone)
 #   a  the whole GPU suite; FA4's tests too when h installed it on this machine (/tmp/site)
 #   d  self-speculation re-measured on this build (scripts/spec_h200.sh: d=1/2, K=2..8, measured acceptance)
 #   d2 the chains' new default --self-spec-chain-lag 1 (one step in flight while a chain is open; lease 6 measured
@@ -38,7 +39,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3, g4}
+CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3, g4, n}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -89,6 +90,8 @@ case $CALL in
     SKIP_TESTS=1 VARIANTS="decode devexit" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=200 \
       ONLY_WORKLOADS="--workload c=64,in=1024,out=128,req=256,budget=40,name=c64-refill --workload c=64,in=1024,out=128,req=256,tau=0.7,budget=40,name=c64-refill-adaptive --workload c=1,in=1024,out=128,req=1,tau=0.7,budget=25,name=c1-1k-adaptive" \
       OUT=$R bash scripts/decode_h200.sh ;;
+  n)
+    SKIP_TESTS=1 VARIANTS="notma decode" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 OUT=$R bash scripts/decode_h200.sh ;;
   g)
     timeout 540 python3 -m benchmarks.decode_kernels --parts linear --rows 1,64 --sweep-rows 1,64 \
       --shapes "qkv+rope+kv,gate_up+silu" --out "$R/tiles.json" > "$R/tiles.log" 2>&1

@@ -392,6 +392,21 @@ TMA_SCRIPT = textwrap.dedent("""
     got = fl.linear_silu_mul(x, gu, fl.Tiles(16, 32, 128, 4, 3, True))
     assert seen.pop() is False
     assert (got - silu_mul(F.linear(x, gu), use_triton=False)).abs().max() < 1e-4
+    # the defaults: above 16 rows, where both operands allow it, TMA tiles (lease 9's sweep); else the pointer ones
+    assert fl._launch_shape(40, "silu_mul", None, None, True) == (fl.Tiles(64, 64, 128, 8, 4, True), None)
+    assert fl._launch_shape(40, "rope_kv", None, None, True) == (fl.Tiles(64, 32, 256, 4, 3, True), None)
+    assert not fl._tiles(40, "silu_mul").tma and fl._tiles(1, "silu_mul", True) == fl._tiles(1, "silu_mul")
+    x = torch.randn(40, 256, generator=g)
+    gu = torch.randn(160, 256, generator=g) * 0.1
+    got = fl.linear_silu_mul(x, gu)
+    assert seen.pop() is True
+    want = silu_mul(F.linear(x, gu), use_triton=False)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max() + 1e-3
+    x, gu = x[:, :255].contiguous(), gu[:, :255].contiguous()   # rows of 255 fp32: not 16-byte aligned, pointer loads
+    got = fl.linear_silu_mul(x, gu)
+    assert seen.pop() is False
+    want = silu_mul(F.linear(x, gu), use_triton=False)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max() + 1e-3
     print("ok")
 """)
 

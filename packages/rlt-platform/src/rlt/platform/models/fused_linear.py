@@ -292,9 +292,10 @@ if triton is not None:
 #: does not pay for environment lookups — eager decode paths are host-bound).
 _FUSED = os.environ.get("RLT_FUSED_LINEAR", "1") != "0"
 _SPLIT_K = os.environ.get("RLT_SPLIT_K", "1") != "0"
-#: ``RLT_SPLIT_K_TMA=1``: the split-K projections read X and W through TMA (``Tiles.tma``) where they can; off
-#: until an H200 A/B measures it (``scripts/next_lease.sh`` call g4 times it per kernel)
-_SPLIT_K_TMA = os.environ.get("RLT_SPLIT_K_TMA", "0") == "1"
+#: ``RLT_SPLIT_K_TMA`` (on unless 0): the split-K projections read X and W through TMA (``Tiles.tma``) where
+#: they can. H200, lease 9, back to back: C=1 decode 188.8 -> 190.3 tok/s, C=64 3,445 -> 3,460 (the default's
+#: four runs that lease spread 188.6-188.9 and 3,445-3,446)
+_SPLIT_K_TMA = os.environ.get("RLT_SPLIT_K_TMA", "1") != "0"
 
 
 def small_m_usable(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> bool:
@@ -317,10 +318,16 @@ class Tiles(NamedTuple):
     tma: bool = False
 
 
-def _tiles(m: int, kind: str) -> Tiles:
-    """The tiles of ``kind`` ("rope_kv" or "silu_mul") for ``m`` rows (the H200 sweep's best)."""
+def _tiles(m: int, kind: str, tma: bool = False) -> Tiles:
+    """The tiles of ``kind`` ("rope_kv" or "silu_mul") for ``m`` rows (the H200 sweeps' best); ``tma``: the
+    device and both operands allow TMA loads (:func:`_operands`). Above 16 rows those read X and W through
+    TMA: lease 9's sweep at 64 rows (``benchmarks/results/h200-20261205-lease9``) gave q/k/v + RoPE 11.7 ->
+    11.1 us and gate/up + SiLU 16.3 -> 14.9 us (64-wide tiles on 8 warps), and C=64 decode 3,446 -> 3,486
+    tok/s end to end; K splits lost there. At one row TMA did not pay (the pointer tiles stay)."""
     if m <= 16:
         return Tiles(16, 32, 256 if kind == "rope_kv" else 128, 4, 4)
+    if tma:
+        return Tiles(64, 32, 256, 4, 3, True) if kind == "rope_kv" else Tiles(64, 64, 128, 8, 4, True)
     return Tiles(64, 32, 128, 4, 4 if kind == "rope_kv" else 3)
 
 
@@ -358,11 +365,13 @@ def parse_tile_overrides(text: str) -> dict[tuple[str, bool], tuple[Tiles, int |
 _TILE_OVERRIDES = parse_tile_overrides(os.environ.get("RLT_LINEAR_TILES", ""))
 
 
-def _launch_shape(m: int, kind: str, tiles: Tiles | None, splits: int | None) -> tuple[Tiles, int | None]:
-    """The caller's launch shape, else ``RLT_LINEAR_TILES``' entry for ``m``'s bucket, else the defaults."""
+def _launch_shape(m: int, kind: str, tiles: Tiles | None, splits: int | None,
+                  tma: bool = False) -> tuple[Tiles, int | None]:
+    """The caller's launch shape, else ``RLT_LINEAR_TILES``' entry for ``m``'s bucket, else the defaults
+    (``tma``: TMA loads possible, :func:`_tiles`)."""
     if tiles is not None:
         return tiles, splits
-    return _TILE_OVERRIDES.get((kind, m <= 16), (_tiles(m, kind), splits))
+    return _TILE_OVERRIDES.get((kind, m <= 16), (_tiles(m, kind, tma), splits))
 
 
 #: Shared memory a program's pipeline buffers may use (H100/H200 allow 227 KiB; keep headroom).
@@ -419,7 +428,7 @@ def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
     """The split-K launch for ``[m, k] @ [n, k].T``: the most splits (2, 4 or 8) whose K ranges are at
     least :data:`MIN_SPLIT_K` long and whole K tiles (the widest of 256, 128, 64, 32 columns that
     divides them); None when no split fits (the caller keeps cuBLAS). Column tiles of 32 weight rows,
-    16 or 64 batch rows per dot tile; read through TMA with ``RLT_SPLIT_K_TMA=1``."""
+    16 or 64 batch rows per dot tile; read through TMA unless ``RLT_SPLIT_K_TMA=0``."""
     for splits in (8, 4, 2):
         if k // splits < MIN_SPLIT_K:
             continue
@@ -568,7 +577,7 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None 
     m, k = x.shape
     inter = gate_up.shape[0] // 2
     out = torch.empty((m, inter), dtype=x.dtype, device=x.device)
-    tiles, splits = _launch_shape(m, "silu_mul", tiles, splits)
+    tiles, splits = _launch_shape(m, "silu_mul", tiles, splits, tma_ready(x) and tma_ready(gate_up))
     tiles = _fit(tiles, k, x.element_size())
     bm, bn, bk, warps, stages, _ = tiles
     tiles_n, tiles_m = triton.cdiv(inter, bn), triton.cdiv(m, bm)
@@ -607,7 +616,7 @@ def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor,
     m, kdim = x.shape
     heads = num_q_heads + 2 * num_kv_heads
     out = torch.empty((m, heads * head_dim), dtype=x.dtype, device=x.device)
-    tiles, splits = _launch_shape(m, "rope_kv", tiles, splits)
+    tiles, splits = _launch_shape(m, "rope_kv", tiles, splits, tma_ready(x) and tma_ready(qkv_weight))
     tiles = _fit(tiles, kdim, x.element_size())
     bm, bn, bk, warps, stages, _ = tiles
     bn = min(bn, half)
