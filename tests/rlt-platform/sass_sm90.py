@@ -71,6 +71,20 @@ def main() -> dict:
     box = "tensordesc<bf16[128,128]>"  # Ouro's head_dim, the default 128 x 128 prefill tiles
     out["prefill/dense"] = sass_of(dense_prefill.dense_prefill_kernel, DENSE, num_warps=8, num_stages=2,
                                    types={"q_desc": box, "k_desc": box, "v_desc": box})
+    # the smallest shape TritonBackend._dense_ready sends it (head_dim 16, a prompt of <= 16 tokens: 16 x 16
+    # tiles), bf16 and fp32 ("ieee"); and head_dim 8, which it must not send (tl.dot needs K >= 16 on the GPU)
+    for dtype, precision in (("bf16", "tf32"), ("fp32", "ieee")):
+        small = f"tensordesc<{dtype}[16,16]>"
+        out[f"prefill/dense16-{dtype}"] = sass_of(
+            dense_prefill.dense_prefill_kernel, dict(DENSE, HEAD_DIM=16, BLOCK_M=16, BLOCK_N=16, DOT_PRECISION=precision),
+            num_warps=4, num_stages=2, types={"q_desc": small, "k_desc": small, "v_desc": small, "out_ptr": f"*{dtype}"})
+    tiny = "tensordesc<fp32[16,8]>"
+    try:
+        sass_of(dense_prefill.dense_prefill_kernel, dict(DENSE, HEAD_DIM=8, BLOCK_M=16, BLOCK_N=16, DOT_PRECISION="ieee"),
+                num_warps=4, num_stages=2, types={"q_desc": tiny, "k_desc": tiny, "v_desc": tiny, "out_ptr": "*fp32"})
+        out["prefill/dense8-compiles"] = True
+    except Exception:  # noqa: BLE001 - Triton's CompilationError (the min-dot-size assertion)
+        out["prefill/dense8-compiles"] = False
     return out
 
 

@@ -77,6 +77,23 @@ def test_dense_prefill_loads_tiles_with_tma_and_chains_its_mma(sass):
     assert sass["prefill/dense"]["local"] == 0
 
 
+def test_dense_prefill_compiles_for_every_head_dim_the_backend_sends_it(sass, monkeypatch):
+    """head_dim 16 (the smallest ``TritonBackend._dense_ready`` accepts) compiles for sm_90 in bf16 and fp32;
+    head_dim 8 does not (``tl.dot``'s K >= 16, which the interpreter never checks: lease 9's GPU suite failed 27
+    tiny-model tests when the backend still sent it)."""
+    import torch
+
+    from rlt.attention.backends.triton_backend import TritonBackend
+
+    for dtype in ("bf16", "fp32"):
+        assert sass[f"prefill/dense16-{dtype}"]["local"] == 0 and index_of(sass[f"prefill/dense16-{dtype}"]["ops"], "UTMALDG")
+    assert sass["prefill/dense8-compiles"] is False
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a CPU tensor counts as TMA-capable under the interpreter
+    for d, sent in ((8, False), (16, True)):
+        q, kv = torch.zeros(8, 2, d), (torch.zeros(8, 1, d), torch.zeros(8, 1, d))
+        assert TritonBackend._dense_ready(q, kv, torch.zeros(1)) is sent, d
+
+
 @pytest.mark.parametrize("kernel", ["silu_mul", "rope_kv", "split_k"])
 def test_tma_projections_load_x_and_w_with_tma(sass, kernel):
     """Tiles.tma — the fused projections at 64 rows (64-wide tiles, 8 warps, 2 K splits), split-K down_proj at

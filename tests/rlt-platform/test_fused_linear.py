@@ -218,9 +218,10 @@ def test_dispatch_is_decided_by_shape_and_device():
 
 def test_split_plan_cuts_k_into_long_whole_tiles():
     # Ouro-1.4B's plain projections: the H200 sweep's best plans (o_proj [2048, 2048], down_proj [2048, 5632])
+    tma = fused_linear._SPLIT_K_TMA  # on by default (lease 9); the launch falls back where TMA cannot read
     for m in (1, 16):
-        assert fused_linear.split_plan(m, 2048, 2048) == fused_linear.SplitPlan(fused_linear.Tiles(16, 32, 256, 4, 4), 2)
-        assert fused_linear.split_plan(m, 2048, 5632) == fused_linear.SplitPlan(fused_linear.Tiles(16, 32, 128, 4, 4), 4)
+        assert fused_linear.split_plan(m, 2048, 2048) == fused_linear.SplitPlan(fused_linear.Tiles(16, 32, 256, 4, 4, tma), 2)
+        assert fused_linear.split_plan(m, 2048, 5632) == fused_linear.SplitPlan(fused_linear.Tiles(16, 32, 128, 4, 4, tma), 4)
     assert fused_linear.split_plan(64, 2048, 5632).tiles.block_m == 64
     for n, k in ((2048, 2048), (2048, 5632), (4096, 11008), (2560, 9728)):
         for m in (1, 17, 64):
