@@ -87,7 +87,8 @@ def test_warmup_modes(tiny_model):
     assert serve._warm_up(engine, "off") == "off"
     assert serve._warm_up(engine, "auto").startswith("off (auto")
     line = serve._warm_up(engine, "on")
-    assert line.startswith("9 requests, ") and " steps in " in line and not engine.has_unfinished_requests()
+    # alone: one prompt per query tile (16, 31, 64, 119 tokens), then 4 arrivals, then a burst of 4
+    assert line.startswith("12 requests, ") and " steps in " in line and not engine.has_unfinished_requests()
     assert engine.stats().num_steps > 9
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--warmup", "maybe"])
