@@ -12,10 +12,11 @@ reason.
 ``abort_request``), so every installed feature's kernels compile along the path they take in
 serving: one request alone (a prompt per query tile size, :func:`alone_lengths`), then requests
 arriving one per step with prompt lengths on both sides of the specialisation boundaries (mixed
-prompt + decode steps at growing row counts), then a burst admitted at once (packed prompts), with adaptive exit on half of them when the engine
-accepts per-request thresholds. Prompts are seeded random token ids, outputs are discarded, every
-request is finished or aborted before it returns (KV freed: the pool is as before, except prefix
-pages a prefix cache may keep, which are evictable), and it stops at ``deadline_s``.
+prompt + decode steps at growing row counts), then a burst admitted at once (packed prompts), with
+adaptive exit on half of them when the engine accepts per-request thresholds. Prompts are seeded
+random token ids, outputs are discarded, every request is finished or aborted before it returns (KV
+freed: the pool is as before, except prefix pages a prefix cache may keep, which are evictable), and
+it stops at ``deadline_s``.
 Graph capture is not its job (rlt-decode captures at startup); compiles it misses, it misses —
 Triton's on-disk cache makes the next start cheaper either way.
 """

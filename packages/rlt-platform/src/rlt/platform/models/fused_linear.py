@@ -323,7 +323,7 @@ def _tiles(m: int, kind: str, tma: bool = False) -> Tiles:
     device and both operands allow TMA loads (:func:`_operands`). Above 16 rows those read X and W through
     TMA: lease 9's sweep at 64 rows (``benchmarks/results/h200-20261205-lease9``) gave q/k/v + RoPE 11.7 ->
     11.1 us and gate/up + SiLU 16.3 -> 14.9 us (64-wide tiles on 8 warps), and C=64 decode 3,446 -> 3,486
-    tok/s end to end; K splits lost there. At one row TMA did not pay (the pointer tiles stay)."""
+    tok/s end to end; K splits lost there. At 16 rows or fewer the pointer tiles stay (TMA not swept there)."""
     if m <= 16:
         return Tiles(16, 32, 256 if kind == "rope_kv" else 128, 4, 4)
     if tma:
