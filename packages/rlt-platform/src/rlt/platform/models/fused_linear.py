@@ -577,12 +577,13 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None 
     m, k = x.shape
     inter = gate_up.shape[0] // 2
     out = torch.empty((m, inter), dtype=x.dtype, device=x.device)
-    tiles, splits = _launch_shape(m, "silu_mul", tiles, splits, tma_ready(x) and tma_ready(gate_up))
+    ready = tma_ready(x) and tma_ready(gate_up)
+    tiles, splits = _launch_shape(m, "silu_mul", tiles, splits, ready)
     tiles = _fit(tiles, k, x.element_size())
     bm, bn, bk, warps, stages, _ = tiles
     tiles_n, tiles_m = triton.cdiv(inter, bn), triton.cdiv(m, bm)
     splits, parts, counters = _tile_splits(x, tiles_n * tiles_m, k, bk, bm, bn, splits)
-    xa, wa, tma = _operands(x, gate_up, tiles, bn)
+    xa, wa, tma = _operands(x, gate_up, tiles, bn, ready)
     _linear_silu_mul_kernel[(tiles_n, tiles_m, splits)](
         xa, wa, out, parts, counters, m, inter, k, x.stride(0), gate_up.stride(0), out.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=(k // splits) % bk == 0, PRECISION=_precision(x),
@@ -591,12 +592,14 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None 
     return out
 
 
-def _operands(x: torch.Tensor, w: torch.Tensor, tiles: Tiles, box_n: int) -> tuple:
-    """``(x, w, False)``, or with ``tiles.tma`` where both tensors allow it (``tma_ready``) their TMA
-    descriptors — boxes of ``block_m`` x ``block_k`` and ``box_n`` x ``block_k`` — and True. Built per
-    launch (a few host microseconds; a captured graph keeps them): a cache keyed by pointer would keep
-    freed weights alive."""
-    if not (tiles.tma and tma_ready(x) and tma_ready(w)):
+def _operands(x: torch.Tensor, w: torch.Tensor, tiles: Tiles, box_n: int, ready: bool | None = None) -> tuple:
+    """``(x, w, False)``, or with ``tiles.tma`` where both tensors allow it (``tma_ready``; ``ready``: the
+    caller already asked) their TMA descriptors — boxes of ``block_m`` x ``block_k`` and ``box_n`` x
+    ``block_k`` — and True. Built per launch (a few host microseconds; a captured graph keeps them): a cache
+    keyed by pointer would keep freed weights alive."""
+    if ready is None:
+        ready = tma_ready(x) and tma_ready(w)
+    if not (tiles.tma and ready):
         return x, w, False
     return tma_descriptor(x, [tiles.block_m, tiles.block_k]), tma_descriptor(w, [box_n, tiles.block_k]), True
 
@@ -616,7 +619,8 @@ def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor,
     m, kdim = x.shape
     heads = num_q_heads + 2 * num_kv_heads
     out = torch.empty((m, heads * head_dim), dtype=x.dtype, device=x.device)
-    tiles, splits = _launch_shape(m, "rope_kv", tiles, splits, tma_ready(x) and tma_ready(qkv_weight))
+    ready = tma_ready(x) and tma_ready(qkv_weight)
+    tiles, splits = _launch_shape(m, "rope_kv", tiles, splits, ready)
     tiles = _fit(tiles, kdim, x.element_size())
     bm, bn, bk, warps, stages, _ = tiles
     bn = min(bn, half)
@@ -624,7 +628,7 @@ def linear_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor,
     k_cache, v_cache, slots = kv_store if write else (out, out, out)
     tiles_n, tiles_m = heads * (half // bn), triton.cdiv(m, bm)
     splits, parts, counters = _tile_splits(x, tiles_n * tiles_m, kdim, bk, bm, bn, splits)
-    xa, wa, tma = _operands(x, qkv_weight, tiles, bn)
+    xa, wa, tma = _operands(x, qkv_weight, tiles, bn, ready)
     _linear_rope_kv_kernel[(tiles_n, tiles_m, splits)](
         xa, wa, out, cos, sin, k_cache, v_cache, slots, parts, counters,
         m, kdim, x.stride(0), qkv_weight.stride(0), out.stride(0), cos.stride(0),
