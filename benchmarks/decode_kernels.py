@@ -20,7 +20,8 @@ Two parts, each timed as CUDA-graph replays of a sequence of calls over distinct
     python -m benchmarks.decode_kernels --parts linear --rows 1,64     # a subset
     python -m benchmarks.decode_kernels --tiles-from results.json      # the sweep's winners as RLT_LINEAR_TILES
 
-Prints one table per part and writes the numbers as JSON. GPU only (the kernels are Triton).
+Prints one table per part (``m=128*``: a row count above the kernel's default limit, timed to choose it)
+and writes the numbers as JSON. GPU only (the kernels are Triton).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def _sweep_tiles(m: int, two: bool, tma: bool = False) -> list[tuple[fl.Tiles, i
     splits (the last program of a tile sums them): at 64 rows a program of 32-wide tiles loads as many
     activation bytes as weight bytes, wider tiles halve that and the splits keep the SMs busy. ``tma``:
     the same shapes with X and W read through TMA descriptors (``Tiles.tma``) instead."""
-    bms = [16] if m <= 16 else ([32, 64] if m <= 32 else [64])
+    bms = [16] if m <= 16 else ([32, 64] if m <= 32 else ([64] if m <= 64 else [64, 128]))
     out = []
     for bm, bn, bk, warps, stages in itertools.product(bms, (16, 32, 64), (64, 128, 256), (4, 8), (3, 4)):
         if (warps == 8 and bn < 64) or (two and bn > 32 and warps == 4) or (bk == 64 and not (two and bn == 64)):
@@ -105,6 +106,12 @@ def _sweep_tiles(m: int, two: bool, tma: bool = False) -> list[tuple[fl.Tiles, i
 
 def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, budget_bytes: int = 256 << 20,
                  shapes: tuple[str, ...] = tuple(SHAPES), tma: bool = False) -> list[dict]:
+    """Every row count on the kernels, its limit lifted (``served``: whether the default limit serves it)."""
+    with _lifted_row_limits() as limits:
+        return _bench_linear(rows, sweep_rows, dtype, budget_bytes, shapes, tma, limits)
+
+
+def _bench_linear(rows, sweep_rows, dtype, budget_bytes, shapes, tma, limits: dict[str, int]) -> list[dict]:
     dev = torch.device("cuda")
     results = []
     g = torch.Generator(device=dev).manual_seed(0)
@@ -138,13 +145,14 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
                 return fl.linear_silu_mul(x, w, tiles, splits)
 
             base = graph_time_ms(lambda: [unfused(w) for w in ws]) / copies
+            limit = {"rope": "MAX_ROWS_ROPE_KV", "silu": "MAX_ROWS_SILU_MUL"}.get(kind, "MAX_ROWS_SPLIT_K")
             row = {"shape": name, "rows": m, "weight_mb": nbytes / 2**20, "unfused_us": base * 1e3,
-                   "unfused_gbps": nbytes / base / 1e6}
+                   "unfused_gbps": nbytes / base / 1e6, "served": m <= limits[limit]}
             if kind == "plain":
                 if name in SPLIT_K_SHAPES:
                     row.update(bench_split_k(ws, x, nbytes, m in sweep_rows, tma))
                 results.append(row)
-                print(f"{name:14s} m={m:4d}  cuBLAS {row['unfused_us']:7.1f} us ({row['unfused_gbps']:6.0f} GB/s)"
+                print(f"{name:14s} m={m:4d}{' ' if row['served'] else '*'} cuBLAS {row['unfused_us']:7.1f} us ({row['unfused_gbps']:6.0f} GB/s)"
                       + (f"  | +add_norm_norm: cuBLAS {row['cublas_norm_us']:6.1f} us, split-K {row['split_norm_us']:6.1f} us "
                          f"{tuple(row['split_plan'])} err {row['split_err']:.1e}" if "split_norm_us" in row else "")
                       + (f"  best {row['split_best_us']:6.1f} us {tuple(row['split_best_plan'])}" if "split_best_us" in row else "")
@@ -183,7 +191,7 @@ def bench_linear(rows: list[int], sweep_rows: list[int], dtype=torch.bfloat16, b
                     row.update(best_us=best[0] * 1e3, best_tiles=list(best[1]), best_splits=best[2],
                                best_gbps=nbytes / best[0] / 1e6)
             results.append(row)
-            print(f"{name:14s} m={m:4d}  unfused {row['unfused_us']:7.1f} us ({row['unfused_gbps']:6.0f} GB/s)  "
+            print(f"{name:14s} m={m:4d}{' ' if row['served'] else '*'} unfused {row['unfused_us']:7.1f} us ({row['unfused_gbps']:6.0f} GB/s)  "
                   f"fused {row['fused_us']:7.1f} us ({row['fused_gbps']:6.0f} GB/s)"
                   + (f"  best {row['best_us']:7.1f} us {tuple(row['best_tiles'])} x{row['best_splits']}"
                      if "best_us" in row else "")
@@ -198,9 +206,24 @@ SPLIT_K_SHAPES = ("o_proj", "down_proj")
 
 
 def _split_plans(m: int, tma: bool = False) -> list[fl.SplitPlan]:
-    bms = [16] if m <= 16 else [64]
+    bms = [16] if m <= 16 else ([64] if m <= 64 else [64, 128])
     return [fl.SplitPlan(fl.Tiles(bm, bn, bk, 4, st, tma), sp)
             for bm, bn, bk, st, sp in itertools.product(bms, (16, 32, 64), (128, 256), (3, 4), (2, 4, 8))]
+
+
+@contextlib.contextmanager
+def _lifted_row_limits():
+    """The fused / split-K kernels serve any row count inside (rows above their limits are timed to choose
+    the limits: ``RLT_FUSED_ROWS`` then takes a winner end to end); the limits after."""
+    names = ("MAX_ROWS_ROPE_KV", "MAX_ROWS_SILU_MUL", "MAX_ROWS_SPLIT_K")
+    saved = {n: getattr(fl, n) for n in names}
+    for n in names:
+        setattr(fl, n, 1 << 20)
+    try:
+        yield saved
+    finally:
+        for n, v in saved.items():
+            setattr(fl, n, v)
 
 
 @contextlib.contextmanager
@@ -222,51 +245,48 @@ def _fold(on: bool = True):
 def bench_split_k(ws: list[torch.Tensor], x: torch.Tensor, nbytes: int, sweep: bool, tma: bool = False) -> dict:
     """The projection plus the add_norm_norm that consumes it (as an Ouro layer runs them): cuBLAS +
     the plain kernel against split-K pieces summed by the kernel, at the default plan and (``sweep``)
-    over plans. Rows above MAX_ROWS_SPLIT_K are timed too (the limit is lifted here to choose it)."""
+    over plans. Rows above MAX_ROWS_SPLIT_K are timed too (bench_linear lifts the limits to choose them)."""
     m, n = x.shape[0], ws[0].shape[0]
     g = torch.Generator(device=x.device).manual_seed(1)
     h = torch.randn(m, n, device=x.device, generator=g).to(x.dtype)
     w1 = (1 + 0.1 * torch.randn(n, device=x.device, generator=g)).to(x.dtype)
     w2 = (1 + 0.1 * torch.randn(n, device=x.device, generator=g)).to(x.dtype)
-    saved, fl.MAX_ROWS_SPLIT_K = fl.MAX_ROWS_SPLIT_K, 1 << 20
-    try:
-        def base(w):
-            return add_norm_norm(h, F.linear(x, w), w1, w2, 1e-6)[1]
 
-        def split(w, plan=None):
-            return add_norm_norm(h, fl.linear_split_k(x, w, plan), w1, w2, 1e-6)[1]
+    def base(w):
+        return add_norm_norm(h, F.linear(x, w), w1, w2, 1e-6)[1]
 
-        out = {"cublas_norm_us": graph_time_ms(lambda: [base(w) for w in ws]) / len(ws) * 1e3}
-        plan = fl.split_plan(m, n, x.shape[1])
-        if plan is None:
-            return out
-        out.update(split_plan=[list(plan.tiles), plan.splits], split_err=rel_err(split(ws[0]), base(ws[0])),
-                   split_norm_us=graph_time_ms(lambda: [split(w) for w in ws]) / len(ws) * 1e3)
-        if m <= fl.MAX_ROWS_FOLD:  # rlt.attention.fold: add_norm_norm run by the last split-K program
-            def folded(w):
-                return fl._FoldedSplitK(x, w, plan).add_norm_norm(h, w1, w2, 1e-6)[1]
+    def split(w, plan=None):
+        return add_norm_norm(h, fl.linear_split_k(x, w, plan), w1, w2, 1e-6)[1]
 
-            out.update(fold_norm_us=graph_time_ms(lambda: [folded(w) for w in ws]) / len(ws) * 1e3,
-                       fold_equal=bool(torch.equal(folded(ws[0]), split(ws[0]))))
-        if sweep:
-            best = None
-            for p in _split_plans(m, tma):
-                if x.shape[1] % (p.splits * p.tiles.block_k):
-                    continue
-                try:
-                    us = graph_time_ms(lambda p=p: [split(w, p) for w in ws], reps=10, batches=3) / len(ws) * 1e3
-                    e = rel_err(split(ws[0], p), base(ws[0]))
-                except Exception as exc:  # noqa: BLE001 - a config the compiler refuses (resources)
-                    print(f"  split-K m={m} {p}: {type(exc).__name__}: {str(exc)[:80]}")
-                    continue
-                if e < 2e-2 and (best is None or us < best[0]):
-                    best = (us, p)
-            if best:
-                out.update(split_best_us=best[0], split_best_plan=[list(best[1].tiles), best[1].splits],
-                           split_best_gbps=nbytes / best[0] / 1e3)
+    out = {"cublas_norm_us": graph_time_ms(lambda: [base(w) for w in ws]) / len(ws) * 1e3}
+    plan = fl.split_plan(m, n, x.shape[1])
+    if plan is None:
         return out
-    finally:
-        fl.MAX_ROWS_SPLIT_K = saved
+    out.update(split_plan=[list(plan.tiles), plan.splits], split_err=rel_err(split(ws[0]), base(ws[0])),
+               split_norm_us=graph_time_ms(lambda: [split(w) for w in ws]) / len(ws) * 1e3)
+    if m <= fl.MAX_ROWS_FOLD:  # rlt.attention.fold: add_norm_norm run by the last split-K program
+        def folded(w):
+            return fl._FoldedSplitK(x, w, plan).add_norm_norm(h, w1, w2, 1e-6)[1]
+
+        out.update(fold_norm_us=graph_time_ms(lambda: [folded(w) for w in ws]) / len(ws) * 1e3,
+                   fold_equal=bool(torch.equal(folded(ws[0]), split(ws[0]))))
+    if sweep:
+        best = None
+        for p in _split_plans(m, tma):
+            if x.shape[1] % (p.splits * p.tiles.block_k):
+                continue
+            try:
+                us = graph_time_ms(lambda p=p: [split(w, p) for w in ws], reps=10, batches=3) / len(ws) * 1e3
+                e = rel_err(split(ws[0], p), base(ws[0]))
+            except Exception as exc:  # noqa: BLE001 - a config the compiler refuses (resources)
+                print(f"  split-K m={m} {p}: {type(exc).__name__}: {str(exc)[:80]}")
+                continue
+            if e < 2e-2 and (best is None or us < best[0]):
+                best = (us, p)
+        if best:
+            out.update(split_best_us=best[0], split_best_plan=[list(best[1].tiles), best[1].splits],
+                       split_best_gbps=nbytes / best[0] / 1e3)
+    return out
 
 
 # -- attention ---------------------------------------------------------------------------------------------

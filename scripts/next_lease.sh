@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 lease calls, CALL=a..i (and b2, bc, d2, g2, g3, g4, n), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
+# H200 lease calls, CALL=a..i (and b2, bc, d2, g2, g3, g4, g5, n), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
 #   OUT=benchmarks/results/h200-<date>-leaseN CALL=g bash scripts/next_lease.sh
 # Lease 9 (benchmarks/results/h200-20261205-lease9) ran g3, a, g2, d2 (lags 2, 1), b2, i's budgets and g4's end-to-end
 # half: TMA tiles above 16 rows and the split-K projections through TMA paid and are on by default; the suite found
@@ -18,6 +18,9 @@
 #      the defaults above 16 rows now)
 #   g4 the same at one row, with the split-K o_proj / down_proj plans through TMA too (RLT_SPLIT_K_TMA): C=1's
 #      kernels stream at 1.4-3 TB/s; then C=1 decode with RLT_SPLIT_K_TMA=1 against the default, back to back
+#   g5 the C=128 decode step's projections at 128 rows (above the fused gate/up + SiLU and split-K limits, 64): the
+#      kernels with X / W through TMA against cuBLAS + the elementwise kernels, a tile / split-plan sweep; then C=128
+#      1K/128 end to end with rlt-decode + rlt-prefill, default against RLT_FUSED_ROWS=silu_mul=128,split_k=128
 #   g2 (after g and g3; TILES_JSON=<their tiles.json, comma-separated> if their results came back to the repo) C=1
 #      and C=64 decode with the sweeps' winners (RLT_LINEAR_TILES, those > 3 % faster than the default) against the
 #      default, back to back
@@ -39,7 +42,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3, g4, n}
+CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3, g4, g5, n}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -106,6 +109,12 @@ case $CALL in
     grep -E "^(qkv|gate_up|o_proj|down_proj)" "$R/tiles.log" | tail -4
     SKIP_TESTS=1 VARIANTS="decode splitktma" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 \
       ONLY_WORKLOADS="--workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k" OUT=$R bash scripts/decode_h200.sh ;;
+  g5)
+    timeout 280 python3 -m benchmarks.decode_kernels --parts linear --rows 128 --sweep-rows 128 --tma \
+      --shapes "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --out "$R/tiles.json" > "$R/tiles.log" 2>&1
+    grep -E "^(qkv|gate_up|o_proj|down_proj)" "$R/tiles.log" | tail -4
+    SKIP_TESTS=1 VARIANTS="full fullrows" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=140 \
+      ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
   g2)
     SWEEPS=${TILES_JSON:-$OUT/g/tiles.json,$OUT/g3/tiles.json}
     for f in ${SWEEPS//,/ }; do [ -f "$f" ] || echo "no sweep results at $f"; done

@@ -334,6 +334,47 @@ def test_linear_tiles_override_parsing():
             parse(bad)
 
 
+def test_row_limits_parsing():
+    parse = fused_linear.parse_row_limits
+    assert parse("") == {}
+    assert parse("silu_mul=128, split_k=96") == {"silu_mul": 128, "split_k": 96}
+    for bad in ("silu_mul", "silu_mul=", "silu_mul=0", "silu_mul=-4", "silu_mul=big", "qkv=64", "split_k:64"):
+        with pytest.raises(ValueError, match="RLT_FUSED_ROWS entry"):
+            parse(bad)
+
+
+ROWS_SCRIPT = textwrap.dedent("""
+    import torch
+    import torch.nn.functional as F
+    from rlt.platform.models import fused_linear as fl
+    from rlt.platform.models.fused_ops import SplitSum, silu_mul
+    assert (fl.MAX_ROWS_SILU_MUL, fl.MAX_ROWS_SPLIT_K, fl.MAX_ROWS_ROPE_KV) == (96, 80, 128)
+    def eager_used(*a, **k):
+        raise AssertionError("the eager gate/up path ran")
+    fl.silu_mul = eager_used    # the kernel, not F.linear + silu_mul, must serve the raised limit
+    g = torch.Generator().manual_seed(0)
+    x, gu, w = torch.randn(72, 96, generator=g), torch.randn(160, 96, generator=g), torch.randn(48, 2048, generator=g)
+    got, want = fl.linear_silu_mul(x, gu), silu_mul(F.linear(x, gu), use_triton=False)
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max() + 1e-3
+    xs = torch.randn(72, 2048, generator=g)
+    parts = fl.linear_split_k(xs, w)
+    assert isinstance(parts, SplitSum) and (parts.total() - F.linear(xs, w)).abs().max() <= 1e-3
+    assert not isinstance(fl.linear_split_k(torch.randn(81, 2048, generator=g), w), SplitSum)  # above it: F.linear
+    print("ok")
+""")
+
+
+def test_raised_row_limits_take_the_kernels():
+    """``RLT_FUSED_ROWS`` (an A/B switch for C=128 decode steps): above the default limits the fused gate/up +
+    SiLU and the split-K projections serve the rows, exactly; above the raised limit F.linear again."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "RLT_FUSED_ROWS": "silu_mul=96,split_k=80"}
+    r = subprocess.run([sys.executable, "-c", ROWS_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+    bad = subprocess.run([sys.executable, "-c", "import rlt.platform.models.fused_linear"], capture_output=True,
+                         text=True, env={**env, "RLT_FUSED_ROWS": "silu_mul=lots"})
+    assert bad.returncode != 0 and "RLT_FUSED_ROWS entry 'silu_mul=lots'" in bad.stderr
+
+
 TMA_SCRIPT = textwrap.dedent("""
     import torch
     import torch.nn.functional as F

@@ -63,9 +63,30 @@ from rlt.attention.pdl import kernel_options, weight_prefetch
 from rlt.platform.models.fused_ops import (PendingProjection, SplitSum, _interpreting, rope_qk_, silu_mul,
                                           triton)
 
-#: Most rows each fused kernel serves (above it the GEMM + elementwise kernels were as fast).
-MAX_ROWS_ROPE_KV = 128
-MAX_ROWS_SILU_MUL = 64
+ROW_LIMIT_KINDS = ("rope_kv", "silu_mul", "split_k")
+
+
+def parse_row_limits(text: str) -> dict[str, int]:
+    """``RLT_FUSED_ROWS``: comma-separated ``KIND=ROWS`` (KIND one of :data:`ROW_LIMIT_KINDS`), the most rows
+    that kernel serves instead of its default limit (e.g. ``silu_mul=128,split_k=128``: a C=128 decode step
+    on the fused gate/up + SiLU and the split-K projections instead of cuBLAS). Read once at import, for A/B
+    measurements. A malformed entry raises ValueError naming it."""
+    out: dict[str, int] = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        kind, _, rows = entry.partition("=")
+        if kind not in ROW_LIMIT_KINDS or not rows.isdigit() or int(rows) < 1:
+            raise ValueError(f"RLT_FUSED_ROWS entry {entry!r}: expected KIND=ROWS with KIND one of "
+                             f"{', '.join(ROW_LIMIT_KINDS)} and ROWS a positive integer")
+        out[kind] = int(rows)
+    return out
+
+
+_ROW_LIMITS = parse_row_limits(os.environ.get("RLT_FUSED_ROWS", ""))
+#: Most rows each fused kernel serves (above it the GEMM + elementwise kernels were as fast); ``RLT_FUSED_ROWS``
+#: moves them for an A/B run.
+MAX_ROWS_ROPE_KV = _ROW_LIMITS.get("rope_kv", 128)
+MAX_ROWS_SILU_MUL = _ROW_LIMITS.get("silu_mul", 64)
+MAX_ROWS_SPLIT_K = _ROW_LIMITS.get("split_k", 64)
 
 if triton is not None:
     import triton.language as tl
@@ -420,7 +441,6 @@ class SplitPlan(NamedTuple):
 #: 7.4 us, cuBLAS 8.1 us; down_proj [2048, 5632]: 4 splits of 1408 took 11.3 us, cuBLAS 13.5 us —
 #: benchmarks/results/h200-20261204-lease7). Read when a shape is first planned (split_plan is cached).
 MIN_SPLIT_K = 1024
-MAX_ROWS_SPLIT_K = 64
 
 
 @functools.lru_cache(maxsize=1024)  # asked at every launch (eager steps are host-bound); pure in its ints
