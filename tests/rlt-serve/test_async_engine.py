@@ -152,19 +152,27 @@ def test_admission_is_bounded(ckpt):
 
 
 def test_invalid_request_admits_nothing(ckpt):
+    """A refused prompt refuses its whole HTTP request before any of it runs: the valid prompts ahead of it
+    are withdrawn in the same pass (no step, no prompt tokens counted, no aborted requests), and the
+    engine goes on serving."""
     async def main():
-        front, _ = _front(_engine(ckpt, max_model_len=32))
+        front, metrics = _front(_engine(ckpt, max_model_len=32))
         await front.start()
-        good = (0, "good", [5, 6], SamplingParams(max_tokens=100, ignore_eos=True))
+        good = [(i, f"good{i}", [5, 6, 7, 8][: i + 2], SamplingParams(max_tokens=20, ignore_eos=True)) for i in range(3)]
         with pytest.raises(InvalidRequestError, match="maximum context length"):
-            await front.generate([good, (1, "bad", list(range(3, 40)), SamplingParams(max_tokens=2))])
+            await front.generate([*good, (3, "bad", list(range(3, 40)), SamplingParams(max_tokens=2))])
         with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
             await front.generate([(0, "oov", [5, 10**6], SamplingParams())])
         settled = await _until(lambda: front.in_flight == 0 and front.stats().num_running == 0)
+        refused = (front.stats().num_steps, metrics.prompt_tokens._value.get(),
+                   metrics.registry.get_sample_value("rlt:requests_total", {"model_name": "tiny", "outcome": "abort"}))
+        finals = await _finals(await front.generate(good[:1]))  # the same ids again: nothing of them was left
         await front.stop()
-        return settled
+        return settled, refused, finals
 
-    assert asyncio.run(main())
+    settled, refused, finals = asyncio.run(main())
+    assert settled and refused == (0, 0, 0)
+    assert finals[0].output.finish_reason == "length" and len(finals[0].output.token_ids) == 20
 
 
 def test_fault_inside_a_step_fails_only_the_requests_of_that_step(ckpt):

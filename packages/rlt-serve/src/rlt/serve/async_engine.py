@@ -53,11 +53,18 @@ log = logging.getLogger("rlt.serve.engine")
 
 # -- commands to the engine thread --------------------------------------------------------------
 @attrs.frozen
-class _Add:
+class _NewRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     future: Any  # asyncio.Future resolved on the loop with None or the admission error
+
+
+@attrs.frozen
+class _Add:
+    """Admit the engine requests of one HTTP request all-or-nothing, in one pass between two steps."""
+
+    requests: tuple[_NewRequest, ...]
 
 
 @attrs.frozen
@@ -132,13 +139,7 @@ class EngineThread(threading.Thread):
             stop = False
             for cmd in commands:
                 if isinstance(cmd, _Add):
-                    error = None
-                    try:
-                        engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params)
-                        self._live.add(cmd.request_id)
-                    except Exception as exc:  # noqa: BLE001 - InvalidRequestError, or a defect: reported either way
-                        error = exc
-                    self._admitted(cmd.future, cmd.request_id, error)
+                    self._add(cmd.requests)
                 elif isinstance(cmd, _Abort):
                     self._abort(cmd.request_id, outputs, failed, None)
                 elif isinstance(cmd, _Stop):
@@ -159,6 +160,30 @@ class EngineThread(threading.Thread):
                 self._publish(outputs, failed)
             else:
                 self.latest_stats = engine.stats()
+
+    def _add(self, requests: tuple[_NewRequest, ...]) -> None:
+        """Add ``requests`` or none of them: one the engine refuses withdraws those added before it (no step
+        ran in between, so they computed nothing) and fails the group with its error."""
+        added: list[str] = []
+        error: BaseException | None = None
+        for r in requests:
+            try:
+                self.engine.add_request(r.request_id, r.prompt_token_ids, r.params)
+            except Exception as exc:  # noqa: BLE001 - InvalidRequestError, or a defect: reported either way
+                error = exc
+                break
+            added.append(r.request_id)
+        for rid in added:
+            if error is None:
+                self._live.add(rid)
+                continue
+            try:
+                self.engine.abort_request(rid)  # its output has no route left: never delivered
+            except Exception:  # noqa: BLE001 - then it runs to its end unseen; stop() still aborts it
+                log.exception("withdrawing %s failed", rid)
+                self._live.add(rid)
+        for r in requests:
+            self._admitted(r.future, r.request_id, error)
 
     def _step(self, failed: list[tuple[str, str]]) -> list[RequestOutput]:
         try:
@@ -451,7 +476,7 @@ class AsyncEngine:
         self._reserve(len(requests))
         gen = Generation(self, [r[1] for r in requests])
         arrival = time.monotonic() if arrival is None else arrival
-        futures = []
+        futures, adds = [], []
         assert self._thread is not None and self._loop is not None
         clash = [r[1] for r in requests if r[1] in self._routes]
         if clash:
@@ -462,7 +487,8 @@ class AsyncEngine:
             self.in_flight += 1
             fut = self._loop.create_future()
             futures.append(fut)
-            self._thread.submit(_Add(rid, list(ids), params, fut))
+            adds.append(_NewRequest(rid, list(ids), params, fut))
+        self._thread.submit(_Add(tuple(adds)))
         try:
             results = await asyncio.gather(*futures, return_exceptions=True)
         except asyncio.CancelledError:
