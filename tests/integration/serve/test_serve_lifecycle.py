@@ -72,6 +72,21 @@ def test_disconnect_while_waiting_for_a_full_response(tiny_server):
     assert wait_for(lambda: _count(url, ABORTS) == aborts + 1)
 
 
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
+def test_disconnect_before_the_body_is_a_disconnect_not_an_error(tiny_server, route):
+    """A client that closes after part of its body: counted as a disconnect, no error traceback in the log."""
+    url = tiny_server.url
+    disconnects = _count(url, DISCONNECTS)
+    sock = socket.create_connection(("127.0.0.1", tiny_server.port))
+    sock.sendall(b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1000\r\n\r\n{\"prompt\":" % route.encode())
+    sock.close()
+    assert wait_for(lambda: _count(url, DISCONNECTS) == disconnects + 1)
+    assert "ClientDisconnect" not in tiny_server.stderr and "Exception in ASGI application" not in tiny_server.stderr
+    r = httpx.post(f"{url}{C}", json={"prompt": "after", "max_tokens": 2}, timeout=30)
+    assert r.status_code == 200
+
+
 @pytest.fixture(scope="module")
 def gated(launch_server, tiny_model):
     """A server with one sequence slot and room for one more queued request, whose engine steps

@@ -4,7 +4,9 @@ Body: ``{"error": {"message", "type", "param", "code"}}`` with ``code`` = the HT
 vLLM answers. Mapping: bad input of any kind (malformed JSON, wrong types, out-of-range values,
 rlt's :class:`InvalidRequestError`, whose ``param`` becomes the body's) -> 400 ``BadRequestError``;
 a missing or wrong API key -> 401; unknown model or route -> 404; a body that does not arrive in
-time -> 408; oversized body -> 413; full queue -> 503 with ``Retry-After``; an engine fault -> 500.
+time -> 408; oversized body -> 413; full queue -> 503 with ``Retry-After``; an engine fault -> 500; a
+client that goes away before its body has arrived -> a disconnect (counted, one info line; the 400 written
+back reaches no one).
 FastAPI's 422 for validation errors is re-mapped to 400. Bad input must never surface as 500:
 only a defect or an engine fault does, and its body says no more than an error id
 (``err-...``) that the log line with the details (and the traceback) also shows.
@@ -26,6 +28,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
 from rlt.platform.errors import RltError
@@ -233,6 +236,15 @@ def install_error_handlers(app: FastAPI) -> None:
                       error_id, detail)
             detail = internal_message(error_id)
         return ErrorResponse(error_body(status, detail), status_code=status, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect):
+        metrics = getattr(request.app.state, "metrics", None)
+        if metrics is not None:
+            metrics.disconnects.inc()
+        log.info("client went away before sending the whole body of %s %s", request.method, request.url.path)
+        return ErrorResponse(error_body(400, "the client disconnected before sending the whole request body"),
+                             status_code=400)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
