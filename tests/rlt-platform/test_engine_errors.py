@@ -36,6 +36,9 @@ BAD_REQUESTS = [
     ([1, 2], SamplingParams(max_loops=9), "exceeds the engine's 4 loops"),
     ([1, 2], SamplingParams(min_loops=4, max_loops=None).with_(min_loops=4), None),  # valid: 4 <= 4
     ([1, 2], SamplingParams(stop_token_ids=[5000]), "stop_token_ids"),
+    # max_tokens unset: min_tokens is checked against what the context leaves (64 - 3)
+    ([1, 2, 3], SamplingParams(max_tokens=None, min_tokens=62), r"min_tokens \(62\) exceeds the 61 tokens this request can generate"),
+    ([1, 2], SamplingParams(min_loops=5), "min_loops: 5 exceeds the 4 loops requests run"),
 ]
 
 

@@ -52,7 +52,9 @@ def _is_error(r, status, param=None):
 
 def test_oversized_bodies_get_413_with_or_without_content_length(client):
     big = json.dumps({"prompt": "x" * 5000}).encode()
-    _is_error(client.post("/v1/completions", content=big, headers={"content-type": "application/json"}), 413)
+    r = client.post("/v1/completions", content=big, headers={"content-type": "application/json"})
+    _is_error(r, 413)
+    assert r.content.startswith(b'{"error":{"message":')  # rendered as every other error (compact, ASCII)
 
     def chunks():
         for _ in range(10):

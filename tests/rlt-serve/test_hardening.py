@@ -140,6 +140,13 @@ def test_param_comes_from_the_error_and_is_renamed_for_chat():
     assert from_rlt_error(InvalidRequestError("x", param="prompt"), chat).param == "messages"
     assert from_rlt_error(InvalidRequestError("x", param="max_tokens"), chat).param == "max_completion_tokens"
     assert from_rlt_error(InvalidRequestError("x", param="max_loops"), chat).param == "max_loops"
+    # the message names the client's field too where the route asks for it (chat's max_completion_tokens)
+    err = from_rlt_error(InvalidRequestError("prompt has 9 tokens and max_tokens is 99; lower max_tokens to at most 8 "
+                                             "(not max_tokens_x)", param="max_tokens"), chat, ("max_tokens",))
+    assert err.param == "max_completion_tokens" and err.message == (
+        "prompt has 9 tokens and max_completion_tokens is 99; lower max_completion_tokens to at most 8 (not max_tokens_x)")
+    assert from_rlt_error(InvalidRequestError("max_tokens: bad"), {"prompt": "messages"}, ("max_tokens",)).message == \
+        "max_tokens: bad"  # not renamed: the client sent max_tokens
 
 
 # -- bounded tokenising ----------------------------------------------------------------------------
@@ -323,7 +330,7 @@ def test_engine_and_template_errors_name_their_field(tiny_checkpoint):
         assert e["param"] == "max_completion_tokens"
         # the engine's loop-bound message leads with its field, as the others do
         e = _error(c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "min_loops": 5}))
-        assert e["param"] == "min_loops" and e["message"] == "min_loops: 5 exceeds max_loops 4"
+        assert e["param"] == "min_loops" and e["message"] == "min_loops: 5 exceeds the 4 loops requests run"
         # the chat template's own raise_exception (an InvalidRequestError) is about the messages
         tok = st.tokenizer
         template = tok.chat_template

@@ -57,6 +57,18 @@ def test_wrong_types_are_rejected_not_coerced(field, value):
     assert info.value.errors()[0]["loc"][0] == field
 
 
+def test_null_means_the_default_where_the_openai_api_allows_null():
+    """n, stream, echo and (chat) logprobs are nullable in the OpenAI API, as vLLM reads them."""
+    nulls = {"n": None, "stream": None, "echo": None, "logprobs": None}
+    r = CompletionRequest.model_validate({"prompt": "x", **nulls})
+    assert (r.n, r.stream, r.echo, r.logprobs) == (1, False, False, None) and not r.model_extra
+    c = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"}], **nulls})
+    assert (c.n, c.stream, c.echo, c.logprobs) == (1, False, False, False)
+    for field in ("ignore_eos", "min_tokens", "priority"):  # the rest stay strict
+        with pytest.raises(ValidationError):
+            CompletionRequest.model_validate({"prompt": "x", field: None})
+
+
 def test_ints_are_accepted_for_floats_and_unknown_fields_are_kept_aside():
     r = CompletionRequest.model_validate({"prompt": "x", "temperature": 1, "top_p": 1, "frobnicate": True})
     assert r.temperature == 1.0 and r.model_extra == {"frobnicate": True}

@@ -128,16 +128,20 @@ def param_of(message: str) -> str | None:
     return m.group(1) if m else None
 
 
-def from_rlt_error(exc: RltError, rename: dict[str, str] | None = None) -> BadRequest:
+def from_rlt_error(exc: RltError, rename: dict[str, str] | None = None, reword: tuple[str, ...] = ()) -> BadRequest:
     """400 for one of rlt's errors; ``param`` is the error's own (``InvalidRequestError.param``),
     else read off the message's leading ``field:``; ``rename`` maps engine field names to the
-    request's (a chat request has ``messages``, not ``prompt``)."""
+    request's (a chat request has ``messages``, not ``prompt``); the names in ``reword`` are renamed in
+    the message too (``max_tokens`` where the client sent ``max_completion_tokens``)."""
     message = str(exc)
     param = getattr(exc, "param", None) or param_of(message)
     if rename and param is not None:
         head, dot, rest = param.partition(".")
         if head in rename:
             param = rename[head] + dot + rest
+    for name in reword:
+        if rename and name in rename:
+            message = re.sub(rf"\b{re.escape(name)}\b", rename[name], message)
     return BadRequest(message, param)
 
 

@@ -11,11 +11,10 @@ prompt length in tokens is checked before tokenising (400).
 from __future__ import annotations
 
 import asyncio
-import json
 
 from starlette.exceptions import HTTPException
 
-from rlt.serve.errors import error_body
+from rlt.serve.errors import ErrorResponse, error_body
 
 
 class BodyTooLarge(HTTPException):
@@ -39,7 +38,7 @@ class BodySizeLimit:
     async def _refuse(self, send, status: int, message: str) -> None:
         if self.on_reject is not None:
             self.on_reject("too_large" if status == 413 else "bad_request")
-        body = json.dumps(error_body(status, message)).encode()
+        body = ErrorResponse(error_body(status, message)).body  # the same bytes as every other error
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from rlt.platform.errors import InvalidRequestError
 from rlt.platform.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -33,6 +33,16 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     #: whether the server reads this model's unknown fields (else they are only warned about)
     uses_extra_fields: ClassVar[bool] = False
+    #: fields the OpenAI API lets a client send as null, meaning their default (as vLLM reads them), where
+    #: this model's type does not itself admit None
+    NULL_MEANS_DEFAULT: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_to_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(data.get(k, 0) is None for k in cls.NULL_MEANS_DEFAULT):
+            return {k: v for k, v in data.items() if not (v is None and k in cls.NULL_MEANS_DEFAULT)}
+        return data
 
     def warn_unknown(self, endpoint: str) -> None:
         if self.model_extra:
@@ -90,6 +100,8 @@ NEUTRAL_VALUES: dict[str, tuple] = {
 
 class SamplingFields(_Body):
     """Fields common to completions and chat completions."""
+
+    NULL_MEANS_DEFAULT: ClassVar[tuple[str, ...]] = ("n", "stream", "echo", "logprobs")
 
     model: str | None = None
     n: int = 1

@@ -499,7 +499,7 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     try:
         params = body.to_params()
     except RltError as exc:
-        raise from_rlt_error(exc, rename) from None
+        raise from_rlt_error(exc, rename, ("max_tokens",)) from None
     _check_fits(state, 1, body.n)
     messages = body.template_messages()
     text = await state.render_chat(messages, add_generation_prompt=body.add_generation_prompt,
@@ -514,5 +514,5 @@ async def create_chat_completion(state: ServerState, body: ChatCompletionRequest
     try:
         return await _respond(job, request)
     except RltError as exc:
-        raise from_rlt_error(exc, rename) from None
+        raise from_rlt_error(exc, rename, ("max_tokens",)) from None
 

@@ -51,6 +51,10 @@ class InputProcessor:
             raise InvalidRequestError(
                 f"this model's maximum context length is {limit} tokens, but the prompt has {n} "
                 f"tokens and max_tokens is {max_tokens}; lower max_tokens to at most {limit - n}", "max_tokens")
+        if params.min_tokens > max_tokens:  # an explicit max_tokens was checked by SamplingParams
+            raise InvalidRequestError(
+                f"min_tokens ({params.min_tokens}) exceeds the {max_tokens} tokens this request can generate "
+                f"(max_tokens unset: the context left after the {n}-token prompt)", "min_tokens")
         if self.scheduler.first_chunk_len(n) > ctx.max_num_batched_tokens:
             raise InvalidRequestError(
                 f"prompt has {n} tokens, more than max_num_batched_tokens ({ctx.max_num_batched_tokens}) "
@@ -60,7 +64,8 @@ class InputProcessor:
         if max_loops > ctx.num_loops:
             raise InvalidRequestError(f"max_loops {max_loops} exceeds the engine's {ctx.num_loops} loops", "max_loops")
         if params.min_loops > max_loops:
-            raise InvalidRequestError(f"min_loops: {params.min_loops} exceeds max_loops {max_loops}", "min_loops")
+            bound = f"max_loops {max_loops}" if params.max_loops is not None else f"the {max_loops} loops requests run"
+            raise InvalidRequestError(f"min_loops: {params.min_loops} exceeds {bound}", "min_loops")
         executor = ctx.parts.executor
         if params.prompt_logprobs is not None and not getattr(executor, "supports_prompt_logprobs", False):
             raise InvalidRequestError(f"prompt_logprobs: this engine's executor ({type(executor).__name__}) "
