@@ -5,8 +5,8 @@
 # half: TMA tiles above 16 rows and the split-K projections through TMA paid and are on by default; the suite found
 # two defects (dense prefill at head_dim < 16, warm-up missing lone-prompt tiles), fixed on CPU after the lease. A
 # lease has 1,800 s of device time and each call up to 600 s, so not all of these fit one lease. Next lease, by priority:
-#   a (the suite after lease 9's fixes) > n (the TMA defaults together against pointer loads) > h (FA4) > i (C=128
-#   profiles) > d > d2 (LAGS=0) > g4 (the one-row TMA sweep). Each call:
+#   a (the suite after lease 9's fixes) > n (the TMA defaults together against pointer loads) > g5 (C=128's
+#   projections at 128 rows) > h (FA4) > i (C=128 profiles) > d > d2 (LAGS=0) > g4 (the one-row TMA sweep). Each call:
 #   n  rlt-decode with every projection on pointer loads (`notma`: the pre-lease-9 defaults) against the default, C=1
 #      and C=64, back to back: lease 9 timed the two TMA flips separately (+1.2 % and +0.4-0.8 %), not together
 #   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
