@@ -48,6 +48,12 @@ mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
 export PYTHONPATH=packages/rlt-platform/src:packages/rlt-attention/src:packages/rlt-serve/src:packages/rlt-decode/src:packages/rlt-kvcache/src:packages/rlt-spec/src:packages/rlt-prefill/src:apps/server/src:.
 { python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, torch.cuda.get_device_name(0))"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null; git log --oneline -1; } > "$R/versions.txt"
+# The projections' tile / split-plan sweep (benchmarks/decode_kernels.py): sweep TIMEOUT ROWS SHAPES [--tma]
+sweep() {
+  timeout "$1" python3 -m benchmarks.decode_kernels --parts linear --rows "$2" --sweep-rows "$2" --shapes "$3" \
+    "${@:4}" --out "$R/tiles.json" > "$R/tiles.log" 2>&1
+  grep -E "^(qkv|gate_up|o_proj|down_proj)" "$R/tiles.log" | tail -8
+}
 case $CALL in
   a)
     [ -d /tmp/site/flash_attn ] && export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH"
@@ -96,23 +102,15 @@ case $CALL in
   n)
     SKIP_TESTS=1 VARIANTS="notma decode" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 OUT=$R bash scripts/decode_h200.sh ;;
   g)
-    timeout 540 python3 -m benchmarks.decode_kernels --parts linear --rows 1,64 --sweep-rows 1,64 \
-      --shapes "qkv+rope+kv,gate_up+silu" --out "$R/tiles.json" > "$R/tiles.log" 2>&1
-    grep -E "^(qkv|gate_up)" "$R/tiles.log" | tail -8 ;;
+    sweep 540 1,64 "qkv+rope+kv,gate_up+silu" ;;
   g3)
-    timeout 540 python3 -m benchmarks.decode_kernels --parts linear --rows 64 --sweep-rows 64 --tma \
-      --shapes "qkv+rope+kv,gate_up+silu" --out "$R/tiles.json" > "$R/tiles.log" 2>&1
-    grep -E "^(qkv|gate_up)" "$R/tiles.log" | tail -4 ;;
+    sweep 540 64 "qkv+rope+kv,gate_up+silu" --tma ;;
   g4)
-    timeout 330 python3 -m benchmarks.decode_kernels --parts linear --rows 1 --sweep-rows 1 --tma \
-      --shapes "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --out "$R/tiles.json" > "$R/tiles.log" 2>&1
-    grep -E "^(qkv|gate_up|o_proj|down_proj)" "$R/tiles.log" | tail -4
+    sweep 330 1 "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --tma
     SKIP_TESTS=1 VARIANTS="decode splitktma" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 \
       ONLY_WORKLOADS="--workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k" OUT=$R bash scripts/decode_h200.sh ;;
   g5)
-    timeout 280 python3 -m benchmarks.decode_kernels --parts linear --rows 128 --sweep-rows 128 --tma \
-      --shapes "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --out "$R/tiles.json" > "$R/tiles.log" 2>&1
-    grep -E "^(qkv|gate_up|o_proj|down_proj)" "$R/tiles.log" | tail -4
+    sweep 280 128 "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --tma
     SKIP_TESTS=1 VARIANTS="full fullrows" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=140 \
       ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
   g2)
