@@ -50,13 +50,13 @@ def _tok(client, ids):
     return [client.post("/detokenize", json={"tokens": [t]}).json()["prompt"] for t in ids]
 
 
-def _check_echo_logprobs(client, lp, offline, top):
-    strs = _tok(client, PROMPT + list(offline.token_ids))
+def _check_echo_logprobs(client, lp, offline, top, generated=True):
+    """``lp`` lists the prompt's tokens with the engine's prompt logprobs, then (``generated``) its greedy token."""
+    strs = _tok(client, PROMPT + list(offline.token_ids if generated else ()))
     assert lp["tokens"] == strs
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
-    want = [e.logprob for e in offline.prompt_logprobs[1:]] + [offline.logprobs[0].logprob]
-    assert lp["token_logprobs"][1:] == pytest.approx(want, abs=1e-6)
-    entries = list(offline.prompt_logprobs[1:]) + [offline.logprobs[0]]
+    entries = list(offline.prompt_logprobs[1:]) + ([offline.logprobs[0]] if generated else [])
+    assert lp["token_logprobs"][1:] == pytest.approx([e.logprob for e in entries], abs=1e-6)
     for got, e in zip(lp["top_logprobs"][1:], entries):
         names = {_tok(client, [t])[0] for t, _ in e.top[:top]} | {_tok(client, [e.token_id])[0]}
         assert set(got) == names
@@ -82,6 +82,49 @@ def test_echo_with_logprobs_streams_the_prompt_first(client, offline):
     chunks = [e["choices"][0] for e in events if e["choices"]]
     merged = {k: sum((c["logprobs"][k] for c in chunks), []) for k in chunks[0]["logprobs"]}
     _check_echo_logprobs(client, merged, offline, top=2)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_zero_max_tokens_scores_the_prompt_and_generates_nothing(client, offline, stream):
+    """lm-eval's loglikelihood request (echo, max_tokens 0, logprobs): the prompt and its logprobs, no
+    generated token in the text, the logprobs, the ids or the usage; it ends by length (vLLM's answer)."""
+    body = {"prompt": PROMPT, "max_tokens": 0, "temperature": 0, "logprobs": 2, "echo": True,
+            "return_token_ids": True, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+        with client.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        chunks = [e["choices"][0] for e in events if e["choices"]]
+        usage = events[-1]["usage"]
+        lp = {k: sum((c["logprobs"][k] for c in chunks if c["logprobs"]), []) for k in chunks[0]["logprobs"]}
+        text = "".join(c["text"] for c in chunks)
+        ids = sum((c["token_ids"] or [] for c in chunks), [])
+        depths = sum((c["rlt"]["exit_depths"] for c in chunks), [])
+        finish = chunks[-1]["finish_reason"]
+    else:
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        c, usage = r.json()["choices"][0], r.json()["usage"]
+        lp, text, ids, depths, finish = c["logprobs"], c["text"], c["token_ids"], c["rlt"]["exit_depths"], c["finish_reason"]
+    assert text == client.post("/detokenize", json={"tokens": PROMPT}).json()["prompt"]
+    _check_echo_logprobs(client, lp, offline, top=2, generated=False)
+    assert (ids, depths, finish) == ([], [], "length")
+    assert usage == {"prompt_tokens": len(PROMPT), "completion_tokens": 0, "total_tokens": len(PROMPT)}
+    # without logprobs: the prompt's text alone
+    plain = client.post("/v1/completions", json={"prompt": "hello there", "max_tokens": 0, "echo": True}).json()
+    assert (plain["choices"][0]["text"], plain["choices"][0]["logprobs"]) == ("hello there", None)
+
+
+def test_zero_max_tokens_needs_echo_and_no_min_tokens(client):
+    for extra, param, words in (({}, "max_tokens", "only with echo"),
+                                ({"echo": True, "min_tokens": 1}, "min_tokens", "must not exceed max_tokens (0)")):
+        r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 0, **extra})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == param and words in err["message"], err
+    chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "max_tokens"
 
 
 def test_prompt_logprobs_extension(client, offline):

@@ -232,11 +232,23 @@ class CompletionRequest(SamplingFields):
         """``echo`` with ``logprobs``: the prompt's tokens come back with their logprobs (vLLM)."""
         return self.echo and self.logprobs is not None
 
+    @property
+    def prompt_only(self) -> bool:
+        """``echo`` with ``max_tokens: 0``: the prompt comes back (with ``logprobs``, scored token by token) and
+        nothing is generated — evaluation clients' scoring request, as vLLM serves it. The engine computes one
+        token, which the response leaves out (:meth:`rlt.serve.serving._Job.view`)."""
+        return self.echo and self.max_tokens == 0
+
     def to_params(self) -> SamplingParams:
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequestError("max_tokens: 0 is allowed only with echo (the prompt returned, nothing "
+                                      "generated); set max_tokens to at least 1, or echo to true", "max_tokens")
+        if self.prompt_only and self.min_tokens:
+            raise InvalidRequestError(f"min_tokens: ({self.min_tokens}) must not exceed max_tokens (0)", "min_tokens")
         prompt_logprobs = None
         if self.echo_logprobs:
             prompt_logprobs = max(self.logprobs, self.prompt_logprobs or 0)
-        return self.sampling_params(self.max_tokens, self.logprobs, prompt_logprobs)
+        return self.sampling_params(1 if self.prompt_only else self.max_tokens, self.logprobs, prompt_logprobs)
 
 
 class TextPart(_Body):

@@ -14,7 +14,9 @@ engine's outputs to OpenAI responses — one JSON body, or SSE chunks ending wit
 - Prompt logprobs: completions' ``echo`` with ``logprobs`` returns an entry for every prompt token
   (the first one null) ahead of the generated ones, with ``text_offset`` from the prompt's start, as
   vLLM does; the ``prompt_logprobs`` extension adds vLLM's ``prompt_logprobs`` list (per choice in
-  completions, per response in chat).
+  completions, per response in chat). ``echo`` with ``max_tokens: 0`` returns only the prompt (and its
+  logprobs): the engine computes one token, which the response leaves out (``finish_reason: length``,
+  no completion tokens), as vLLM answers evaluation clients' scoring requests.
 - SSE ``data:`` lines escape U+2028, U+2029 and U+0085 (valid JSON either way, but line-splitting
   clients such as httpx's ``aiter_lines`` would cut a raw one).
 - Streaming writes once per wakeup (everything the engine delivered meanwhile, one send); a
@@ -36,6 +38,8 @@ import math
 import time
 import uuid
 from typing import Any, AsyncIterator
+
+import attrs
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -268,10 +272,23 @@ class _Job:
         self._chunk_head: str | None = None
         hold = max((len(s) for s in params.stop), default=1) - 1
         echo_logprobs = getattr(body, "echo_logprobs", False)
+        self.prompt_only = getattr(body, "prompt_only", False)
         self.choices = {p * self.n + i: ChoiceStream(p * self.n + i, ids, prefixes[p], hold, echo_logprobs)
                         for p, ids in enumerate(prompt_ids) for i in range(self.n)}
         # logprobs' text_offset: after the echoed prefix, or from 0 where the prompt's tokens are listed too
         fmt.offsets = {index: 0 if echo_logprobs else len(cs.prefix) for index, cs in self.choices.items()}
+
+    def view(self, out: RequestOutput) -> RequestOutput:
+        """What the client is shown of ``out``: all of it, except for a prompt-only request (completions'
+        ``echo`` with ``max_tokens: 0``), whose one computed token is left out — no text, ids, logprobs or
+        depths of it, nothing counted as generated — and which ends by length (as vLLM answers it)."""
+        if not self.prompt_only:
+            return out
+        ended = out.finished and out.finish_reason != "abort"
+        return attrs.evolve(out, token_ids=(), text="", exit_depths=(), new_token_ids=(), new_text="",
+                            logprobs=None if out.logprobs is None else (),
+                            finish_reason="length" if ended else out.finish_reason,
+                            stop_reason=None if ended else out.stop_reason)
 
     def engine_requests(self) -> list[tuple[int, str, list[int], SamplingParams]]:
         reqs = []
@@ -340,7 +357,7 @@ async def _collect(job: _Job, gen: Generation) -> JSONResponse:
             if item.error is not None or (item.output is not None and item.output.error):
                 raise EngineFault(item.error or item.output.error, item.request_id)
             if item.output is not None and item.output.finished:
-                finals[item.index] = item.output
+                finals[item.index] = job.view(item.output)
     finally:
         gen.abort()
     fmt, body = job.fmt, job.body
@@ -413,7 +430,7 @@ async def _stream(job: _Job, gen: Generation) -> AsyncIterator[str]:
                 opening = []
                 if pos in skip:
                     continue
-                d = job.choices[item.index].delta(item.output)
+                d = job.choices[item.index].delta(job.view(item.output))
                 if not (d["text"] or d["token_ids"] or d["finished"] or d["first"]):
                     continue
                 d["lp"] = fmt.logprobs(item.index, d["logprobs"], job.top_n)
