@@ -58,7 +58,7 @@ GOOD = {
     "messages": st.lists(message, min_size=1, max_size=4),
     "model": st.sampled_from(["tiny", None]),
     "n": st.integers(1, 3),
-    "max_tokens": st.one_of(st.integers(1, 8), st.none()),
+    "max_tokens": st.one_of(st.integers(0, 8), st.none()),  # 0: prompt-only with echo, else a 400
     "max_completion_tokens": st.one_of(st.integers(1, 8), st.none()),
     "min_tokens": st.integers(0, 4), "top_k": st.integers(-1, 50), "seed": st.integers(-(2**63), 2**64 - 1),
     "priority": st.integers(-10, 10), "top_logprobs": st.integers(0, 5),
