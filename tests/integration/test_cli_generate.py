@@ -51,6 +51,7 @@ def test_generate_demo_model_by_default(tmp_path):
     (["--max-tokens", "-3", "--prompt", "x"], "positive integer"),
     (["--temperature", "-1", "--prompt", "x"], "temperature"),
     (["--top-p", "2", "--prompt", "x"], "top_p"),
+    (["--min-p", "-0.5", "--prompt", "x"], "min_p"),
     (["--max-loops", "9", "--prompt", "x"], "max_loops"),
     (["--exit-threshold", "3", "--prompt", "x"], "exit_threshold"),
     (["--prompt-token-ids", "1,2,99999"], "outside the vocabulary"),

@@ -54,13 +54,15 @@ def test_noise_is_uniform_and_depends_on_every_input():
     assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
 
 
-def _batch(m, temperature=1.0, top_p=1.0, top_k=0, seeds=None):
+def _batch(m, temperature=1.0, top_p=1.0, top_k=0, seeds=None, min_p=0.0):
     seeds = seeds if seeds is not None else list(range(m))
     return SamplingBatch(
         temperature=torch.full((m,), temperature), top_p=torch.full((m,), top_p),
-        top_k=torch.full((m,), top_k, dtype=torch.int64), seed_lo=torch.tensor(seeds, dtype=torch.int64),
+        top_k=torch.full((m,), top_k, dtype=torch.int64), min_p=torch.full((m,), min_p),
+        seed_lo=torch.tensor(seeds, dtype=torch.int64),
         seed_hi=torch.zeros(m, dtype=torch.int64), step=torch.zeros(m, dtype=torch.int64), suppress=None,
-        all_greedy=temperature == 0, any_top=top_k > 0 or top_p < 1, max_logprobs=-1,
+        all_greedy=temperature == 0, any_top=top_k > 0 or top_p < 1, any_min_p=temperature > 0 and min_p > 0,
+        max_logprobs=-1,
     )
 
 
@@ -84,6 +86,36 @@ def test_top_k_and_top_p_restrict_support():
     assert set(tp.tolist()) == {0, 1}
     greedy = sample(logits.expand(3, -1), _batch(3, temperature=0.0)).token_ids
     assert greedy.tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_min_p_keeps_the_tokens_at_least_min_p_times_as_likely_as_the_best(temperature):
+    """vLLM's min-p: after temperature, a token survives iff p >= min_p * max p; the draws follow the
+    renormalised distribution over the survivors."""
+    logits = torch.tensor([[3.0, 2.5, 1.0, 0.2, -1.0]])
+    probs = torch.softmax(logits[0] / temperature, -1)
+    min_p = float(probs[2] / probs[0]) + 1e-3  # just above token 2's ratio: tokens 0 and 1 survive
+    m = 20000
+    toks = sample(logits.expand(m, -1), _batch(m, temperature=temperature, min_p=min_p)).token_ids
+    freq = np.bincount(toks.numpy(), minlength=5) / m
+    want = torch.where(probs >= min_p * probs[0], probs, 0)
+    assert set(toks.tolist()) == {0, 1}
+    assert np.abs(freq - (want / want.sum()).numpy()).max() < 0.015
+    # min_p 0 filters nothing; min_p 1 keeps only the most likely token
+    assert set(sample(logits.expand(m, -1), _batch(m, temperature=temperature, min_p=0.0)).token_ids.tolist()) == set(range(5))
+    assert set(sample(logits.expand(64, -1), _batch(64, temperature=temperature, min_p=1.0)).token_ids.tolist()) == {0}
+
+
+def test_min_p_one_samples_the_greedy_tokens(tiny_checkpoint):
+    """min_p = 1 leaves only the argmax (ties aside), so a seeded sampled request equals the greedy one, token for
+    token — through admission, the slot table and the sampling batch."""
+    eng = _engine(tiny_checkpoint(seed=12))
+    prompt = [4, 5, 6, 7]
+    greedy = _run(eng, [("g", prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))])["g"]
+    hot = SamplingParams(max_tokens=8, temperature=1.5, seed=3, ignore_eos=True)
+    outs = _run(eng, [("p", prompt, hot.with_(min_p=1.0)), ("q", prompt, hot)])
+    assert outs["p"].token_ids == greedy.token_ids
+    assert outs["q"].token_ids != greedy.token_ids  # the same seed without min_p draws other tokens
 
 
 def test_min_tokens_suppresses_stop_tokens_then_stops(tiny_checkpoint):
@@ -168,4 +200,4 @@ def test_greedy_batches_upload_only_the_suppression():
     assert sample(logits, banned).token_ids.tolist() == [2, 3]
     table.temperature[0] = 0.7
     build_sampling_batch(table, slots, up)
-    assert up.calls[-1] == sorted(["temperature", "top_p", "top_k", "seed_lo", "seed_hi", "step", "suppress"])
+    assert up.calls[-1] == sorted(["temperature", "top_p", "top_k", "min_p", "seed_lo", "seed_hi", "step", "suppress"])

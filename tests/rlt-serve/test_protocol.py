@@ -84,12 +84,12 @@ def test_completion_defaults_follow_vllm():
 def test_all_sampling_fields_reach_sampling_params():
     r = CompletionRequest.model_validate({
         "prompt": "x", "max_tokens": 7, "min_tokens": 2, "temperature": 0.5, "top_p": 0.9, "top_k": 5,
-        "seed": 11, "stop": "END", "stop_token_ids": [3, 4], "ignore_eos": True, "priority": -2,
+        "min_p": 0.05, "seed": 11, "stop": "END", "stop_token_ids": [3, 4], "ignore_eos": True, "priority": -2,
         "logprobs": 3, "min_loops": 2, "max_loops": 3, "exit_threshold": 0.8, "skip_special_tokens": False,
     })
     r.check_supported(max_n=4)
     assert r.to_params() == SamplingParams(
-        max_tokens=7, min_tokens=2, temperature=0.5, top_p=0.9, top_k=5, seed=11, stop=("END",),
+        max_tokens=7, min_tokens=2, temperature=0.5, top_p=0.9, top_k=5, min_p=0.05, seed=11, stop=("END",),
         stop_token_ids=(3, 4), ignore_eos=True, priority=-2, logprobs=3, min_loops=2, max_loops=3,
         exit_threshold=0.8, skip_special_tokens=False)
 
@@ -99,7 +99,7 @@ def test_top_k_minus_one_means_off():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("max_tokens", 0), ("min_tokens", -1),
+    ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("max_tokens", 0), ("min_tokens", -1), ("min_p", 1.5),
     ("seed", 2**64), ("exit_threshold", 1.5), ("min_loops", 0), ("top_k", -2),
 ])
 def test_out_of_range_values_raise_invalid_request(field, value):

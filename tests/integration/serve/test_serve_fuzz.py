@@ -63,7 +63,7 @@ GOOD = {
     "min_tokens": st.integers(0, 4), "top_k": st.integers(-1, 50), "seed": st.integers(-(2**63), 2**64 - 1),
     "priority": st.integers(-10, 10), "top_logprobs": st.integers(0, 5),
     "min_loops": st.integers(1, 4), "max_loops": st.one_of(st.none(), st.integers(1, 4)),
-    "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1.0),
+    "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1.0), "min_p": st.floats(0, 1),
     "exit_threshold": st.one_of(st.none(), st.floats(0, 1)),
     "stop": st.one_of(st.none(), text, st.lists(text, max_size=3)),
     "stop_token_ids": st.lists(st.integers(0, VOCAB - 1), max_size=4),

@@ -85,6 +85,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    #: drop tokens less likely than ``min_p`` times the most likely one (after temperature; 0 = off), as vLLM
+    min_p: float = 0.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     stop: tuple[str, ...] = attrs.field(
@@ -121,6 +123,8 @@ class SamplingParams:
         if not _is_num(self.top_p) or not (0.0 < self.top_p <= 1.0):
             _fail("top_p", f"must be in (0, 1], got {self.top_p!r}")
         _int_in("top_k", self.top_k, -1, INT64_MAX, f"-1 or 0 (off), or a positive integer up to {INT64_MAX}")
+        if not _is_num(self.min_p) or not (0.0 <= self.min_p <= 1.0):
+            _fail("min_p", f"must be in [0, 1] (0 = off), got {self.min_p!r}")
         check_seed(self.seed)
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             _fail("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} token ids, got {len(self.stop_token_ids)}")

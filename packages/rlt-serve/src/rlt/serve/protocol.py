@@ -94,7 +94,7 @@ def prompt_items(value: Any) -> tuple[list[PromptItem], bool]:
 #: Fields rlt accepts only at these values (OpenAI / vLLM defaults).
 NEUTRAL_VALUES: dict[str, tuple] = {
     "frequency_penalty": (None, 0.0), "presence_penalty": (None, 0.0), "repetition_penalty": (None, 1.0),
-    "min_p": (None, 0.0), "use_beam_search": (False,),
+    "use_beam_search": (False,),
 }
 
 
@@ -110,6 +110,7 @@ class SamplingFields(_Body):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -136,7 +137,6 @@ class SamplingFields(_Body):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
-    min_p: float | None = None
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
     use_beam_search: bool = False
@@ -181,6 +181,7 @@ class SamplingFields(_Body):
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=0 if self.top_k is None else self.top_k,
+            min_p=0.0 if self.min_p is None else self.min_p,
             seed=self.seed, stop=stop, stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos, priority=self.priority, logprobs=logprobs,
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,

@@ -3,8 +3,9 @@
 Greedy rows take the argmax. Random rows use the Gumbel-max trick with counter-based noise: the
 noise for (request seed, generation step, vocabulary id) is a hash, so a seeded request draws the
 same tokens whatever else is in the batch, on any device, with no per-request generator objects.
-Requests without a seed get a random one at admission. top-k and top-p filter the logits first;
-min_tokens suppresses the request's stop tokens until it has produced enough tokens.
+Requests without a seed get a random one at admission. After temperature, min-p, then top-k and
+top-p filter the logits (vLLM's order); min_tokens suppresses the request's stop tokens until it has
+produced enough tokens.
 
 Logprobs are of the raw model distribution (log-softmax of the logits before temperature and
 filtering), as vLLM reports them by default.
@@ -49,12 +50,14 @@ class SamplingBatch:
     temperature: torch.Tensor | None  # [M] fp32; 0 = greedy
     top_p: torch.Tensor | None  # [M] fp32
     top_k: torch.Tensor | None  # [M] int64; 0 = off
+    min_p: torch.Tensor | None  # [M] fp32; 0 = off
     seed_lo: torch.Tensor | None  # [M] int64
     seed_hi: torch.Tensor | None  # [M] int64
     step: torch.Tensor | None  # [M] int64, tokens generated so far
     suppress: torch.Tensor | None  # [M, S] int64 token ids to ban (-1 = none), or None
     all_greedy: bool
     any_top: bool
+    any_min_p: bool
     max_logprobs: int  # -1: none requested
 
 
@@ -80,6 +83,13 @@ def _apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return torch.empty_like(logits).scatter_(1, order, filtered)
 
 
+def _apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """-inf where a token's probability is below ``min_p`` times the row's largest: in logits,
+    ``z < max(z) + log(min_p)`` (min_p 0: log 0 = -inf keeps every token; 1: only the most likely)."""
+    floor = logits.amax(dim=-1, keepdim=True) + torch.log(min_p)[:, None]
+    return logits.masked_fill(logits < floor, float("-inf"))
+
+
 def suppressed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """``logits`` (float32) with each row's suppressed tokens (min_tokens) set to -inf: what greedy
     rows take the argmax of."""
@@ -92,9 +102,11 @@ def suppressed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tenso
 
 
 def sampling_logits(suppressed: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """The logits random rows draw from: temperature-scaled, then top-k / top-p filtered (-inf
-    outside). Their softmax is the distribution :func:`sample` draws a random row's token from."""
+    """The logits random rows draw from: temperature-scaled, then min-p, top-k and top-p filtered
+    (-inf outside). Their softmax is the distribution :func:`sample` draws a random row's token from."""
     scaled = suppressed / batch.temperature.clamp_min(1e-6)[:, None]
+    if batch.any_min_p:
+        scaled = _apply_min_p(scaled, batch.min_p)
     if batch.any_top:
         scaled = _apply_top_k_top_p(scaled, batch.top_k, batch.top_p)
     return scaled
@@ -143,11 +155,12 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
     temp = table.temperature[slots]
     top_p = table.top_p[slots]
     top_k = table.top_k[slots]
+    min_p = table.min_p[slots]
     generated = table.num_generated[slots]
     if step_offsets is not None:
         generated = generated + step_offsets
     all_greedy = bool((temp == 0).all())
-    arrays = {} if all_greedy else {"temperature": temp, "top_p": top_p, "top_k": top_k,
+    arrays = {} if all_greedy else {"temperature": temp, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                                     "seed_lo": table.seed_lo[slots], "seed_hi": table.seed_hi[slots]}
     if not all_greedy and device_steps is None:
         arrays["step"] = generated
@@ -169,9 +182,10 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
             suppress = torch.where((device_steps < dev["min_tokens"])[:, None], suppress, -1)
     lp = table.logprobs[slots]
     return SamplingBatch(
-        temperature=dev.get("temperature"), top_p=dev.get("top_p"), top_k=dev.get("top_k"),
+        temperature=dev.get("temperature"), top_p=dev.get("top_p"), top_k=dev.get("top_k"), min_p=dev.get("min_p"),
         seed_lo=dev.get("seed_lo"), seed_hi=dev.get("seed_hi"), step=step, suppress=suppress,
         all_greedy=all_greedy, any_top=bool(((top_k > 0) | (top_p < 1.0)).any()),
+        any_min_p=not all_greedy and bool((min_p > 0).any()),
         max_logprobs=int(lp.max()) if len(lp) else -1,
     )
 

@@ -20,6 +20,7 @@ class SlotTable:
         self.temperature = np.zeros(n, np.float32)
         self.top_p = np.ones(n, np.float32)
         self.top_k = np.zeros(n, np.int64)
+        self.min_p = np.zeros(n, np.float32)
         self.seed_lo = np.zeros(n, np.int64)
         self.seed_hi = np.zeros(n, np.int64)
         self.min_tokens = np.zeros(n, np.int64)
@@ -39,7 +40,8 @@ class SlotTable:
         stops = sorted(req.stop_token_ids)
         values = {
             "temperature": np.float32(p.temperature), "top_p": np.float32(p.top_p),
-            "top_k": np.int64(p.top_k if p.top_k > 0 else 0), "min_tokens": np.int64(p.min_tokens),
+            "top_k": np.int64(p.top_k if p.top_k > 0 else 0), "min_p": np.float32(p.min_p),
+            "min_tokens": np.int64(p.min_tokens),
             "logprobs": np.int64(-1 if p.logprobs is None else p.logprobs),
             "min_loops": np.int32(req.min_loops), "max_loops": np.int32(req.max_loops),
             "threshold": np.float32(req.exit_threshold), "stops": np.asarray(stops, np.int64),
@@ -49,7 +51,7 @@ class SlotTable:
             grown = np.full((self.stop_ids.shape[0], len(stops)), -1, np.int64)
             grown[:, : self.stop_ids.shape[1]] = self.stop_ids
             self.stop_ids = grown
-        for name in ("temperature", "top_p", "top_k", "min_tokens", "logprobs", "min_loops", "max_loops",
+        for name in ("temperature", "top_p", "top_k", "min_p", "min_tokens", "logprobs", "min_loops", "max_loops",
                      "threshold"):
             getattr(self, name)[slot] = values[name]
         self.seed_lo[slot], self.seed_hi[slot] = lo, hi
