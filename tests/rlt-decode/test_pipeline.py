@@ -162,6 +162,12 @@ def test_seeded_sampling_stops_lengths_and_logprobs(tiny_checkpoint):
                SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, stop=[stop_str]),
                SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
                SamplingParams(max_tokens=6, temperature=1.0, seed=7, min_tokens=4, stop_token_ids=[stop_id])]
+    # logit_bias (greedy: forced and banned tokens; sampled) and min_p, in every path alike
+    forced = (first.token_ids[0] + 1) % 300
+    ps += [ps[0], ps[1], ps[2]]
+    params += [SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logit_bias={forced: 100}),
+               SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logit_bias={t: -100 for t in first.token_ids}),
+               SamplingParams(max_tokens=7, temperature=1.2, seed=9, min_p=0.2, logit_bias={forced: 3.5}, logprobs=1)]
     got = run(piped, ps, params, arrive_every=2)
     for a, b, c in zip(got, run(base, ps, params, arrive_every=2), run(sync, ps, params, arrive_every=2)):
         same(a, b, logprobs=a.logprobs is not None)
@@ -169,6 +175,7 @@ def test_seeded_sampling_stops_lengths_and_logprobs(tiny_checkpoint):
     assert got[3].finish_reason == "stop" and got[3].stop_reason == stop_id  # stopped by a token read late
     assert got[4].finish_reason == "stop" and got[4].stop_reason == stop_str
     assert [o.finish_reason for o in got[:3]] == ["length"] * 3 and len(got[5].token_ids) == 1
+    assert got[7].token_ids == (forced,) * 5 and not set(got[8].token_ids) & set(first.token_ids)
     # the stopped requests had rows launched past their stop; none of those tokens was emitted
     assert len(got[3].token_ids) == first.token_ids.index(stop_id) + 1
 

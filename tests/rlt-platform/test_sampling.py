@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 
+import attrs
+
 import numpy as np
 import pytest
 import torch
 
 from rlt.platform import EngineConfig, LLMEngine, SamplingParams
+from rlt.platform.errors import InvalidRequestError
 from rlt.platform.engine.sampler import SamplingBatch, sample, uniform_noise
 
 from engine_helpers import drain
@@ -61,7 +64,7 @@ def _batch(m, temperature=1.0, top_p=1.0, top_k=0, seeds=None, min_p=0.0):
         top_k=torch.full((m,), top_k, dtype=torch.int64), min_p=torch.full((m,), min_p),
         seed_lo=torch.tensor(seeds, dtype=torch.int64),
         seed_hi=torch.zeros(m, dtype=torch.int64), step=torch.zeros(m, dtype=torch.int64), suppress=None,
-        all_greedy=temperature == 0, any_top=top_k > 0 or top_p < 1, any_min_p=temperature > 0 and min_p > 0,
+        bias_ids=None, bias_vals=None, all_greedy=temperature == 0, any_top=top_k > 0 or top_p < 1, any_min_p=temperature > 0 and min_p > 0,
         max_logprobs=-1,
     )
 
@@ -116,6 +119,31 @@ def test_min_p_one_samples_the_greedy_tokens(tiny_checkpoint):
     outs = _run(eng, [("p", prompt, hot.with_(min_p=1.0)), ("q", prompt, hot)])
     assert outs["p"].token_ids == greedy.token_ids
     assert outs["q"].token_ids != greedy.token_ids  # the same seed without min_p draws other tokens
+
+
+def test_logit_bias_shifts_greedy_and_sampled_rows_but_not_the_reported_logprobs():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]] * 3)
+    batch = attrs.evolve(_batch(3, temperature=0.0), max_logprobs=0,
+                         bias_ids=torch.tensor([[2, -1], [0, 3], [-1, -1]]),
+                         bias_vals=torch.tensor([[2.5, 0.0], [-100.0, 1.5], [0.0, 0.0]]))
+    out = sample(logits, batch)
+    assert out.token_ids.tolist() == [2, 1, 0]  # 1+2.5 beats 3; token 0 banned, 0+1.5 < 2; row 3 unbiased
+    raw = torch.log_softmax(logits, -1)
+    assert out.logprobs.tolist() == pytest.approx([float(raw[0, 2]), float(raw[1, 1]), float(raw[2, 0])])  # of the raw logits, as vLLM
+    m = 20000  # sampled rows draw from softmax(logits + bias)
+    bias = torch.tensor([[1, 3]] * m), torch.tensor([[1.0, 2.5]] * m)
+    sb = attrs.evolve(_batch(m), bias_ids=bias[0], bias_vals=bias[1])
+    freq = np.bincount(sample(logits[:1].expand(m, -1), sb).token_ids.numpy(), minlength=4) / m
+    want = torch.softmax(logits[0] + torch.tensor([0.0, 1.0, 0.0, 2.5]), -1).numpy()
+    assert np.abs(freq - want).max() < 0.015
+
+
+def test_logit_bias_is_checked_and_clamped():
+    assert SamplingParams(logit_bias={5: 250, 2: -1e9, 7: 0.5}).logit_bias == ((2, -100.0), (5, 100.0), (7, 0.5))
+    for bad, words in (({-1: 1.0}, "token ids"), ({1: float("nan")}, "finite"), ({True: 1.0}, "token ids"),
+                       ({1: "a"}, "finite"), (5, "must map"), ({i: 1.0 for i in range(1025)}, "at most 1024")):
+        with pytest.raises(InvalidRequestError, match="^logit_bias: .*" + words):
+            SamplingParams(logit_bias=bad)
 
 
 def test_min_tokens_suppresses_stop_tokens_then_stops(tiny_checkpoint):

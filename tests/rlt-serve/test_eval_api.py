@@ -198,3 +198,13 @@ def test_sse_escapes_unicode_line_separators():
     body = line[len("data: "):-2]
     assert "\u2028" not in line and "\u2029" not in line and "\u0085" not in line
     assert line.endswith("\n\n") and len(line[:-2].splitlines()) == 1 and json.loads(body) == {"t": text, "é": "é"}
+
+
+def test_logit_bias_and_min_p_reach_the_sampler(client):
+    """OpenAI's logit_bias (token ids as strings; +100 forces a token) and vLLM's min_p over HTTP."""
+    body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    forced = client.post("/v1/completions", json={**body, "logit_bias": {"42": 100}}).json()["choices"][0]
+    assert forced["token_ids"] == [42, 42, 42]
+    greedy = client.post("/v1/completions", json=body).json()["choices"][0]["token_ids"]
+    hot = client.post("/v1/completions", json={**body, "temperature": 2.0, "seed": 5, "min_p": 1.0}).json()
+    assert hot["choices"][0]["token_ids"] == greedy  # min_p 1 keeps only the argmax

@@ -113,7 +113,6 @@ def test_out_of_range_values_raise_invalid_request(field, value):
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
     ({"presence_penalty": -1.0}, "presence_penalty"),
     ({"repetition_penalty": 1.2}, "repetition_penalty"),
-    ({"logit_bias": {"5": 1.0}}, "logit_bias"),
     ({"best_of": 3}, "best_of"),
     ({"use_beam_search": True}, "use_beam_search"),
     ({"suffix": "tail"}, "suffix"),
@@ -128,6 +127,15 @@ def test_unsupported_or_invalid_fields_name_the_field(body, param):
     with pytest.raises(BadRequest) as info:
         r.check_supported(max_n=4)
     assert info.value.param == param and info.value.status == 400
+
+
+def test_logit_bias_keys_are_token_ids():
+    r = CompletionRequest.model_validate({"prompt": "x", "logit_bias": {"5": 1, "17": -250.5}})
+    assert r.to_params().logit_bias == ((5, 1.0), (17, -100.0))  # clamped, as vLLM
+    for key in ("abc", "-3", "1.5", " 4", "9" * 40, "٣"):
+        with pytest.raises(InvalidRequestError, match="^logit_bias: keys must be token ids") as info:
+            CompletionRequest.model_validate({"prompt": "x", "logit_bias": {key: 1.0}}).to_params()
+        assert info.value.param == "logit_bias"
 
 
 def test_neutral_values_of_unsupported_fields_are_fine():

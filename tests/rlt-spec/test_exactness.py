@@ -107,6 +107,27 @@ def test_exact_with_stops_min_tokens_and_logprobs(spec_checkpoints, overlap):
 
 
 @MODES
+def test_logit_bias_and_min_p_speculate_as_plain_decoding_samples(spec_checkpoints, overlap):
+    """Drafts and verification see the same biased logits as plain decoding: greedy rows with a logit_bias
+    (a boosted token, banned ones) are token-identical to plain decoding with it; sampled rows with min_p 1
+    (only the argmax survives) equal greedy plain decoding."""
+    path = spec_checkpoints[1]
+    reqs = _requests([None] * 3, seed=11, max_tokens=12)
+    base = drain(spec_engine(path, spec=False), reqs)
+    biased = [(rid, p, params.with_(logit_bias={base[rid].token_ids[2]: 4.0, base[rid].token_ids[5]: -100.0}))
+              for rid, p, params in reqs]
+    want = drain(spec_engine(path, spec=False), biased)
+    spec = {"num_tokens": 5, "draft_loops": 2}
+    got = drain(spec_engine(path, overlap=overlap), [(rid, p, params.with_(speculation=spec)) for rid, p, params in biased])
+    hot = drain(spec_engine(path, overlap=overlap), [
+        (rid, p, params.with_(speculation=spec, temperature=1.5, seed=3, min_p=1.0)) for rid, p, params in reqs])
+    for rid, _, _ in reqs:
+        assert list(got[rid].token_ids) == list(want[rid].token_ids)
+        assert list(want[rid].token_ids) != list(base[rid].token_ids)  # the bias changed the output
+        assert list(hot[rid].token_ids) == list(base[rid].token_ids)
+
+
+@MODES
 def test_adaptive_k_engine_default_is_exact(spec_checkpoints, overlap):
     """The engine default (every request speculates, adaptive K) changes no token."""
     from rlt.spec.feature import SpecOptions

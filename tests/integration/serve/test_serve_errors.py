@@ -54,7 +54,8 @@ CASES = [
     (C, {"prompt": "x", "exit_threshold": 1.5}, 400, "exit_threshold"),
     (C, {"prompt": "x", "priority": "high"}, 400, "priority"),
     (C, {"prompt": "x", "frequency_penalty": 0.5}, 400, "frequency_penalty"),
-    (C, {"prompt": "x", "logit_bias": {"3": 5}}, 400, "logit_bias"),
+    (C, {"prompt": "x", "logit_bias": {"99999999": 5}}, 400, "logit_bias"),  # outside the vocabulary
+    (C, {"prompt": "x", "logit_bias": {"x": 5}}, 400, "logit_bias"),
     (C, {"prompt": "x", "suffix": "y"}, 400, "suffix"),
     (C, {"prompt": "x", "model": "gpt-4"}, 404, "model"),
     (CHAT, {}, 400, "messages"),

@@ -10,6 +10,8 @@ slot table: ``top_k``, ``min_tokens``, stop token ids and logprobs are int64, lo
 fail later while the engine writes it; an out-of-range value raises :class:`InvalidRequestError`
 whose ``param`` names the field. Counts of stop strings and stop token ids are bounded too: each
 is checked on every generated token.
+``logit_bias`` adds a value in [-100, 100] to chosen tokens' logits before sampling (greedy rows too),
+as the OpenAI API does; vLLM clamps larger values into that range, and so does rlt.
 ``init_state_scale`` scales the random initial state of models that have one (Huginn).
 ``speculation`` asks for self-speculation (rlt-spec): drafts of ``num_tokens`` tokens with
 ``draft_loops`` loops; its model-dependent limits are checked by the feature that serves it.
@@ -27,6 +29,10 @@ MAX_LOGPROBS = 20
 #: the most stop strings / stop token ids one request may give (each is checked per generated token)
 MAX_STOP_STRINGS = 256
 MAX_STOP_TOKEN_IDS = 1024
+#: the most tokens one request's ``logit_bias`` may name (its slot-table row is that wide)
+MAX_LOGIT_BIAS = 1024
+#: logit_bias values are clamped into [-LOGIT_BIAS_LIMIT, LOGIT_BIAS_LIMIT] (the OpenAI API's range)
+LOGIT_BIAS_LIMIT = 100.0
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -78,6 +84,28 @@ def _speculation(value) -> Speculation | None:
     return Speculation(**value)
 
 
+def _logit_bias(value) -> tuple[tuple[int, float], ...]:
+    """``{token_id: bias}`` (or pairs) -> sorted ``((token_id, bias), ...)``, biases clamped to +-100; bad
+    entries raise naming ``logit_bias``. (Ids are checked against the vocabulary at admission.)"""
+    if not value:
+        return ()
+    items = value.items() if isinstance(value, dict) else value
+    try:
+        pairs = [(t, b) for t, b in items]
+    except (TypeError, ValueError):
+        _fail("logit_bias", f"must map token ids to numbers, got {value!r}"[:300])
+    if len(pairs) > MAX_LOGIT_BIAS:
+        _fail("logit_bias", f"at most {MAX_LOGIT_BIAS} tokens, got {len(pairs)}")
+    out = {}
+    for t, b in pairs:
+        if not _is_int(t) or not 0 <= t <= INT64_MAX:
+            _fail("logit_bias", f"keys must be token ids (non-negative integers), got {t!r}")
+        if not _is_num(b) or not math.isfinite(b):
+            _fail("logit_bias", f"values must be finite numbers, got {b!r} for token {t}")
+        out[t] = min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, float(b)))
+    return tuple(sorted(out.items()))
+
+
 @attrs.frozen
 class SamplingParams:
     max_tokens: int | None = 16
@@ -87,6 +115,8 @@ class SamplingParams:
     top_k: int = 0
     #: drop tokens less likely than ``min_p`` times the most likely one (after temperature; 0 = off), as vLLM
     min_p: float = 0.0
+    #: added to the named tokens' logits before sampling: ``{token_id: bias}`` in, sorted pairs kept
+    logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_logit_bias)
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     stop: tuple[str, ...] = attrs.field(

@@ -111,6 +111,8 @@ class SamplingFields(_Body):
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
+    #: OpenAI's: token id (as a string) -> bias added to its logit, clamped to [-100, 100]
+    logit_bias: dict[str, float] | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -137,7 +139,6 @@ class SamplingFields(_Body):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
     best_of: int | None = None
     use_beam_search: bool = False
     response_format: dict[str, Any] | None = None
@@ -147,8 +148,6 @@ class SamplingFields(_Body):
             value = getattr(self, name)
             if value not in neutral:
                 raise BadRequest(f"{name}: rlt does not support {name} (got {value!r}); leave it unset", name)
-        if self.logit_bias:
-            raise BadRequest("logit_bias: rlt does not support logit_bias; leave it unset", "logit_bias")
         if self.best_of is not None and self.best_of != self.n:
             raise BadRequest(f"best_of: rlt does not support best_of != n (got {self.best_of}); leave it unset",
                              "best_of")
@@ -181,7 +180,7 @@ class SamplingFields(_Body):
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=0 if self.top_k is None else self.top_k,
-            min_p=0.0 if self.min_p is None else self.min_p,
+            min_p=0.0 if self.min_p is None else self.min_p, logit_bias=_token_keys(self.logit_bias),
             seed=self.seed, stop=stop, stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos, priority=self.priority, logprobs=logprobs,
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
@@ -194,6 +193,17 @@ class SamplingFields(_Body):
         if kwargs["top_k"] == -1:
             kwargs["top_k"] = 0
         return SamplingParams(**kwargs)
+
+
+def _token_keys(bias: dict[str, float] | None) -> dict[int, float]:
+    """logit_bias' keys (token ids as JSON strings) as ints; a key that is not one is a 400 naming logit_bias."""
+    out = {}
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 19):  # 19 digits: int64, and no giant int parse
+            raise InvalidRequestError(f"logit_bias: keys must be token ids (non-negative integers as strings), "
+                                      f"got {key!r}"[:300], "logit_bias")
+        out[int(key)] = value
+    return out
 
 
 def seed_for_choice(seed: int | None, i: int) -> int | None:

@@ -74,6 +74,7 @@ class InputProcessor:
             raise InvalidRequestError("speculation: this engine does not speculate; enable the self_spec feature "
                                       "(rlt-spec, --self-spec) or leave speculation unset", "speculation")
         check_token_ids(params.stop_token_ids, vocab, "stop_token_ids")
+        check_token_ids([t for t, _ in params.logit_bias], vocab, "logit_bias")
         threshold = params.exit_threshold if params.exit_threshold is not None else ctx.default_threshold
         if threshold < 1.0 and not ctx.model.has_exit_gate:
             raise InvalidRequestError(f"exit_threshold {threshold} asks for adaptive exit, but this model has no exit "

@@ -3,9 +3,10 @@
 Greedy rows take the argmax. Random rows use the Gumbel-max trick with counter-based noise: the
 noise for (request seed, generation step, vocabulary id) is a hash, so a seeded request draws the
 same tokens whatever else is in the batch, on any device, with no per-request generator objects.
-Requests without a seed get a random one at admission. After temperature, min-p, then top-k and
-top-p filter the logits (vLLM's order); min_tokens suppresses the request's stop tokens until it has
-produced enough tokens.
+Requests without a seed get a random one at admission. ``logit_bias`` is added to the logits first
+(greedy rows take the argmax of the biased logits) and min_tokens suppresses the request's stop tokens
+until it has produced enough tokens; random rows then apply temperature, min-p, top-k and top-p
+(vLLM's order).
 
 Logprobs are of the raw model distribution (log-softmax of the logits before temperature and
 filtering), as vLLM reports them by default.
@@ -43,8 +44,9 @@ def uniform_noise(seed_lo: torch.Tensor, seed_hi: torch.Tensor, step: torch.Tens
 class SamplingBatch:
     """Per-row sampling parameters of the rows that sample this step (device tensors).
 
-    When every row is greedy (``all_greedy``) only ``suppress`` is uploaded: a greedy row is the
-    argmax of its suppressed logits, and the random-row fields are None (nothing reads them).
+    When every row is greedy (``all_greedy``) only ``suppress`` and the biases are uploaded: a greedy
+    row is the argmax of its biased, suppressed logits, and the random-row fields are None (nothing
+    reads them).
     """
 
     temperature: torch.Tensor | None  # [M] fp32; 0 = greedy
@@ -55,6 +57,8 @@ class SamplingBatch:
     seed_hi: torch.Tensor | None  # [M] int64
     step: torch.Tensor | None  # [M] int64, tokens generated so far
     suppress: torch.Tensor | None  # [M, S] int64 token ids to ban (-1 = none), or None
+    bias_ids: torch.Tensor | None  # [M, B] int64 logit_bias token ids (-1 = none), or None when no row has any
+    bias_vals: torch.Tensor | None  # [M, B] fp32 their biases
     all_greedy: bool
     any_top: bool
     any_min_p: bool
@@ -91,9 +95,12 @@ def _apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 
 def suppressed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """``logits`` (float32) with each row's suppressed tokens (min_tokens) set to -inf: what greedy
-    rows take the argmax of."""
+    """``logits`` (float32) plus each row's ``logit_bias``, with its suppressed tokens (min_tokens) set
+    to -inf: what greedy rows take the argmax of."""
     logits = logits.float()
+    if batch.bias_ids is not None:
+        ids = batch.bias_ids
+        logits = logits.scatter_add(1, ids.clamp_min(0), torch.where(ids >= 0, batch.bias_vals, 0.0))
     if batch.suppress is not None:
         ban = batch.suppress.clamp_min(0)
         banned = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ban, batch.suppress >= 0)
@@ -174,6 +181,10 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
             else:
                 arrays["min_tokens"] = min_tokens
             arrays["suppress"] = ids
+    if table.bias_ids.shape[1]:
+        bias_ids = table.bias_ids[slots]
+        if (bias_ids >= 0).any():
+            arrays["bias_ids"], arrays["bias_vals"] = bias_ids, table.bias_vals[slots]
     dev = uploader.upload(arrays) if arrays else {}  # greedy decoding: usually nothing to upload
     step, suppress = dev.get("step"), dev.get("suppress")
     if device_steps is not None:
@@ -184,6 +195,7 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
     return SamplingBatch(
         temperature=dev.get("temperature"), top_p=dev.get("top_p"), top_k=dev.get("top_k"), min_p=dev.get("min_p"),
         seed_lo=dev.get("seed_lo"), seed_hi=dev.get("seed_hi"), step=step, suppress=suppress,
+        bias_ids=dev.get("bias_ids"), bias_vals=dev.get("bias_vals"),
         all_greedy=all_greedy, any_top=bool(((top_k > 0) | (top_p < 1.0)).any()),
         any_min_p=not all_greedy and bool((min_p > 0).any()),
         max_logprobs=int(lp.max()) if len(lp) else -1,

@@ -32,6 +32,9 @@ class SlotTable:
         #: the request's decode rows consult the exit gate (τ < 1)
         self.adaptive = np.zeros(n, bool)
         self.stop_ids = np.full((n, max_stop_ids), -1, np.int64)
+        #: logit_bias: token ids (-1 = none) and their biases; as wide as the widest request's (grown on demand)
+        self.bias_ids = np.full((n, 0), -1, np.int64)
+        self.bias_vals = np.zeros((n, 0), np.float32)
 
     def assign(self, slot: int, req) -> None:
         """Write ``req``'s parameters into ``slot``. Raises before writing anything if a value
@@ -47,10 +50,9 @@ class SlotTable:
             "threshold": np.float32(req.exit_threshold), "stops": np.asarray(stops, np.int64),
         }
         lo, hi = split_seed(req.seed)
-        if len(stops) > self.stop_ids.shape[1]:
-            grown = np.full((self.stop_ids.shape[0], len(stops)), -1, np.int64)
-            grown[:, : self.stop_ids.shape[1]] = self.stop_ids
-            self.stop_ids = grown
+        self.stop_ids = _widened(self.stop_ids, len(stops), -1)
+        self.bias_ids = _widened(self.bias_ids, len(p.logit_bias), -1)
+        self.bias_vals = _widened(self.bias_vals, len(p.logit_bias), 0)
         for name in ("temperature", "top_p", "top_k", "min_p", "min_tokens", "logprobs", "min_loops", "max_loops",
                      "threshold"):
             getattr(self, name)[slot] = values[name]
@@ -59,3 +61,18 @@ class SlotTable:
         self.adaptive[slot] = is_adaptive(req.exit_threshold)
         self.stop_ids[slot] = -1
         self.stop_ids[slot, : len(stops)] = values["stops"]
+        self.bias_ids[slot] = -1
+        self.bias_vals[slot] = 0
+        if p.logit_bias:
+            ids, vals = zip(*p.logit_bias)
+            self.bias_ids[slot, : len(ids)] = ids
+            self.bias_vals[slot, : len(ids)] = vals
+
+
+def _widened(column: np.ndarray, width: int, fill) -> np.ndarray:
+    """``column`` ([slots, k]), or a copy widened to ``width`` columns of ``fill`` when k is smaller."""
+    if width <= column.shape[1]:
+        return column
+    grown = np.full((column.shape[0], width), fill, column.dtype)
+    grown[:, : column.shape[1]] = column
+    return grown
