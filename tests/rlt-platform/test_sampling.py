@@ -140,6 +140,9 @@ def test_logit_bias_shifts_greedy_and_sampled_rows_but_not_the_reported_logprobs
 
 def test_logit_bias_is_checked_and_clamped():
     assert SamplingParams(logit_bias={5: 250, 2: -1e9, 7: 0.5}).logit_bias == ((2, -100.0), (5, 100.0), (7, 0.5))
+    assert SamplingParams(logit_bias={1: 10**400, 2: -(10**400)}).logit_bias == ((1, 100.0), (2, -100.0))  # no overflow
+    with pytest.raises(InvalidRequestError, match="^temperature: "):
+        SamplingParams(temperature=10**400)  # an int too large for a float is out of range, not an OverflowError
     for bad, words in (({-1: 1.0}, "token ids"), ({1: float("nan")}, "finite"), ({True: 1.0}, "token ids"),
                        ({1: "a"}, "finite"), (5, "must map"), ({i: 1.0 for i in range(1025)}, "at most 1024")):
         with pytest.raises(InvalidRequestError, match="^logit_bias: .*" + words):
@@ -199,19 +202,49 @@ def test_logprobs_of_chosen_token_and_top(tiny_checkpoint):
         assert lp.top[0][1] == pytest.approx(lp.logprob)
 
 
+class _Uploads:
+    """An uploader that records which arrays each call sent (and their shapes)."""
+
+    def __init__(self):
+        self.calls = []
+        self.shapes = []
+
+    def upload(self, arrays):
+        self.calls.append(sorted(arrays))
+        self.shapes.append({k: np.asarray(v).shape for k, v in arrays.items()})
+        return {k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()}
+
+
+def test_a_step_uploads_only_as_many_bias_columns_as_its_widest_row():
+    """One request with a wide logit_bias widens the slot table for good, but a step without biased rows
+    uploads no bias, and one with them only its widest row's columns."""
+    from types import SimpleNamespace
+
+    from rlt.platform.engine.sampler import build_sampling_batch
+    from rlt.platform.engine.slots import SlotTable
+
+    table = SlotTable(4)
+    req = lambda bias: SimpleNamespace(params=SamplingParams(temperature=0.0, logit_bias=bias), stop_token_ids=(),
+                                       min_loops=1, max_loops=4, exit_threshold=1.0, seed=0)
+    table.assign(0, req({i: 1.0 for i in range(300)}))
+    table.assign(1, req({5: 2.0, 9: -3.0}))
+    table.assign(2, req({}))
+    up = _Uploads()
+    assert build_sampling_batch(table, np.array([2, 3]), up).bias_ids is None and up.calls == []
+    b = build_sampling_batch(table, np.array([1, 2]), up)
+    assert up.shapes[-1]["bias_ids"] == (2, 2) and b.bias_ids.tolist() == [[5, 9], [-1, -1]]
+    assert b.bias_vals.tolist() == [[2.0, -3.0], [0.0, 0.0]]
+    table.assign(0, req({7: 1.0}))  # the wide request's slot reused: only its own one column
+    assert build_sampling_batch(table, np.array([0]), up).bias_ids.tolist() == [[7]]
+
+
 def test_greedy_batches_upload_only_the_suppression():
     """All-greedy rows need no random-row parameters on the device: nothing is uploaded unless a row
     is still below min_tokens (its stop ids are banned); a random row uploads everything."""
     from rlt.platform.engine.sampler import build_sampling_batch
     from rlt.platform.engine.slots import SlotTable
 
-    class Uploads:
-        def __init__(self):
-            self.calls = []
-
-        def upload(self, arrays):
-            self.calls.append(sorted(arrays))
-            return {k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()}
+    Uploads = _Uploads
 
     table = SlotTable(4, max_stop_ids=2)
     table.temperature[:] = 0.0

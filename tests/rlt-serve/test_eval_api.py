@@ -118,7 +118,8 @@ def test_echo_with_zero_max_tokens_scores_the_prompt_and_generates_nothing(clien
 
 def test_zero_max_tokens_needs_echo_and_no_min_tokens(client):
     for extra, param, words in (({}, "max_tokens", "only with echo"),
-                                ({"echo": True, "min_tokens": 1}, "min_tokens", "must not exceed max_tokens (0)")):
+                                ({"echo": True, "min_tokens": 1}, "min_tokens", "must not exceed max_tokens (0)"),
+                                ({"echo": True, "min_tokens": -1}, "min_tokens", "must be an integer in [0,")):
         r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 0, **extra})
         assert r.status_code == 400, r.text
         err = r.json()["error"]

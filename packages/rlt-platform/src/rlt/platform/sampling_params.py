@@ -51,6 +51,11 @@ def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _finite(v) -> bool:
+    """A number that is not NaN or infinite (a Python int always is, however large: no float overflow)."""
+    return _is_num(v) and (isinstance(v, int) or math.isfinite(v))
+
+
 def _int_in(field: str, value, low: int, high: int, what: str | None = None) -> None:
     if not _is_int(value) or not low <= value <= high:
         _fail(field, f"must be {what or f'an integer in [{low}, {high}]'}, got {value!r}")
@@ -100,9 +105,9 @@ def _logit_bias(value) -> tuple[tuple[int, float], ...]:
     for t, b in pairs:
         if not _is_int(t) or not 0 <= t <= INT64_MAX:
             _fail("logit_bias", f"keys must be token ids (non-negative integers), got {t!r}")
-        if not _is_num(b) or not math.isfinite(b):
-            _fail("logit_bias", f"values must be finite numbers, got {b!r} for token {t}")
-        out[t] = min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, float(b)))
+        if not _finite(b):
+            _fail("logit_bias", f"values must be finite numbers, got {b!r} for token {t}"[:300])
+        out[t] = float(min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, b)))
     return tuple(sorted(out.items()))
 
 
@@ -146,7 +151,7 @@ class SamplingParams:
         _int_in("min_tokens", self.min_tokens, 0, INT64_MAX)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             _fail("min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if (not _is_num(self.temperature) or not math.isfinite(self.temperature)
+        if (not _finite(self.temperature)
                 or not 0 <= self.temperature <= FLOAT32_MAX):
             _fail("temperature", f"must be a finite number in [0, {FLOAT32_MAX:.4g}] (0 = greedy), "
                                  f"got {self.temperature!r}")
@@ -181,7 +186,7 @@ class SamplingParams:
         if self.prompt_logprobs is not None:
             _int_in("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         if self.init_state_scale is not None and (
-            not _is_num(self.init_state_scale) or not math.isfinite(self.init_state_scale)
+            not _finite(self.init_state_scale)
             or not 0 <= self.init_state_scale <= FLOAT32_MAX
         ):
             _fail("init_state_scale", f"must be a finite number >= 0 (0 = the zero state), got {self.init_state_scale!r}")

@@ -4,7 +4,7 @@ into rlt's :class:`SamplingParams`.
 Types are strict (a string is not a number, ``true`` is not an integer): a wrong type is a 400,
 not a silent coercion. Ranges are checked once, by :class:`SamplingParams` (the engine's single
 source of truth), not duplicated here. Unknown fields are accepted and ignored with a warning, as
-vLLM does; fields rlt cannot honour (penalties, logit bias, beam search, tools, ...) are accepted
+vLLM does; fields rlt cannot honour (penalties, beam search, tools, ...) are accepted
 only at their neutral value, otherwise they are a 400 that names the field — never silently
 dropped.
 
@@ -246,15 +246,16 @@ class CompletionRequest(SamplingFields):
     @property
     def prompt_only(self) -> bool:
         """``echo`` with ``max_tokens: 0``: the prompt comes back (with ``logprobs``, scored token by token) and
-        nothing is generated — evaluation clients' scoring request, as vLLM serves it. The engine computes one
-        token, which the response leaves out (:meth:`rlt.serve.serving._Job.view`)."""
+        nothing is generated — evaluation clients' scoring request, which vLLM accepts too. The engine computes
+        one token, which the response leaves out (:meth:`rlt.serve.serving._Job.view`; vLLM instead counts it in
+        usage and returns its id)."""
         return self.echo and self.max_tokens == 0
 
     def to_params(self) -> SamplingParams:
         if self.max_tokens == 0 and not self.echo:
             raise InvalidRequestError("max_tokens: 0 is allowed only with echo (the prompt returned, nothing "
                                       "generated); set max_tokens to at least 1, or echo to true", "max_tokens")
-        if self.prompt_only and self.min_tokens:
+        if self.prompt_only and isinstance(self.min_tokens, int) and self.min_tokens > 0:
             raise InvalidRequestError(f"min_tokens: ({self.min_tokens}) must not exceed max_tokens (0)", "min_tokens")
         prompt_logprobs = None
         if self.echo_logprobs:

@@ -15,8 +15,9 @@ engine's outputs to OpenAI responses — one JSON body, or SSE chunks ending wit
   (the first one null) ahead of the generated ones, with ``text_offset`` from the prompt's start, as
   vLLM does; the ``prompt_logprobs`` extension adds vLLM's ``prompt_logprobs`` list (per choice in
   completions, per response in chat). ``echo`` with ``max_tokens: 0`` returns only the prompt (and its
-  logprobs): the engine computes one token, which the response leaves out (``finish_reason: length``,
-  no completion tokens), as vLLM answers evaluation clients' scoring requests.
+  logprobs), evaluation clients' scoring request: the engine computes one token, which the response
+  leaves out (``finish_reason: length``, no completion tokens; vLLM, which accepts the request too,
+  counts that token in usage and returns its id and finish reason).
 - SSE ``data:`` lines escape U+2028, U+2029 and U+0085 (valid JSON either way, but line-splitting
   clients such as httpx's ``aiter_lines`` would cut a raw one).
 - Streaming writes once per wakeup (everything the engine delivered meanwhile, one send); a
@@ -281,7 +282,7 @@ class _Job:
     def view(self, out: RequestOutput) -> RequestOutput:
         """What the client is shown of ``out``: all of it, except for a prompt-only request (completions'
         ``echo`` with ``max_tokens: 0``), whose one computed token is left out — no text, ids, logprobs or
-        depths of it, nothing counted as generated — and which ends by length (as vLLM answers it)."""
+        depths of it, nothing counted as generated — and which ends by length (max_tokens 0 reached)."""
         if not self.prompt_only:
             return out
         ended = out.finished and out.finish_reason != "abort"

@@ -181,10 +181,9 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
             else:
                 arrays["min_tokens"] = min_tokens
             arrays["suppress"] = ids
-    if table.bias_ids.shape[1]:
-        bias_ids = table.bias_ids[slots]
-        if (bias_ids >= 0).any():
-            arrays["bias_ids"], arrays["bias_vals"] = bias_ids, table.bias_vals[slots]
+    width = int(table.bias_len[slots].max()) if len(slots) else 0
+    if width:  # only as many columns as the step's widest logit_bias (one wide request never taxes the rest)
+        arrays["bias_ids"], arrays["bias_vals"] = table.bias_ids[slots, :width], table.bias_vals[slots, :width]
     dev = uploader.upload(arrays) if arrays else {}  # greedy decoding: usually nothing to upload
     step, suppress = dev.get("step"), dev.get("suppress")
     if device_steps is not None:

@@ -35,6 +35,8 @@ class SlotTable:
         #: logit_bias: token ids (-1 = none) and their biases; as wide as the widest request's (grown on demand)
         self.bias_ids = np.full((n, 0), -1, np.int64)
         self.bias_vals = np.zeros((n, 0), np.float32)
+        #: how many of a slot's bias columns are its own (a step uploads only the widest of its rows')
+        self.bias_len = np.zeros(n, np.int64)
 
     def assign(self, slot: int, req) -> None:
         """Write ``req``'s parameters into ``slot``. Raises before writing anything if a value
@@ -63,6 +65,7 @@ class SlotTable:
         self.stop_ids[slot, : len(stops)] = values["stops"]
         self.bias_ids[slot] = -1
         self.bias_vals[slot] = 0
+        self.bias_len[slot] = len(p.logit_bias)
         if p.logit_bias:
             ids, vals = zip(*p.logit_bias)
             self.bias_ids[slot, : len(ids)] = ids
