@@ -3,10 +3,11 @@
 #   OUT=benchmarks/results/h200-<date>-leaseN CALL=g bash scripts/next_lease.sh
 # Lease 9 (benchmarks/results/h200-20261205-lease9) ran g3, a, g2, d2 (lags 2, 1), b2, i's budgets and g4's end-to-end
 # half: TMA tiles above 16 rows and the split-K projections through TMA paid and are on by default; the suite found
-# two defects (dense prefill at head_dim < 16, warm-up missing lone-prompt tiles), fixed on CPU after the lease. A
+# two defects (dense prefill at head_dim < 16, warm-up missing lone-prompt tiles), fixed on CPU after the lease; lease
+# 10 (an H100, benchmarks/results/h100-20261206-lease10) re-ran them and most of the suite: all passed, no timings. A
 # lease has 1,800 s of device time and each call up to 600 s, so not all of these fit one lease. Next lease, by priority:
-#   a (the suite after lease 9's fixes) > n (the TMA defaults together against pointer loads) > g5 (C=128's
-#   projections at 128 rows) > h (FA4) > i (C=128 profiles) > d > d2 (LAGS=0) > g4 (the one-row TMA sweep). Each call:
+#   n (the TMA defaults together against pointer loads) > g5 (C=128's projections at 128 rows) > h (FA4) > i (C=128
+#   profiles) > d > d2 (LAGS=0) > g4 (the one-row TMA sweep) > a (the whole suite, on an H200). Each call:
 #   n  rlt-decode with every projection on pointer loads (`notma`: the pre-lease-9 defaults) against the default, C=1
 #      and C=64, back to back: lease 9 timed the two TMA flips separately (+1.2 % and +0.4-0.8 %), not together
 #   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
