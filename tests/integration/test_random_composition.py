@@ -3,9 +3,9 @@
 auto in small pools, chunked or wavefront prefill at several chunk sizes and budgets) serving random
 requests that arrive while others run: greedy ones (some with stop ids, fewer loops, logprobs) must be
 token-identical to the oracle, seeded sampled ones run to their length (those with min-p 1, which keeps
-only the argmax, must equal the oracle too), some are aborted mid-way, and
-bad ones (speculation with adaptive exit, draft loops not below the request's depth) are refused at
-admission with an error naming the setting — and change nothing for the others. After each run the KV
+only the argmax, must equal the oracle too; those with a +100 logit_bias repeat its token), some are
+aborted mid-way, and bad ones (speculation with adaptive exit, draft loops not below the request's
+depth) are refused at admission with an error naming the setting — and change nothing for the others. After each run the KV
 manager's audit must pass. (A 300-seed run of the same generator passed before this was committed.)"""
 
 from __future__ import annotations
@@ -80,6 +80,10 @@ def _requests(rng: random.Random, spec_on: bool) -> list[tuple[str, list[int], d
             sp.update(temperature=0.8, seed=rng.randrange(1000))
         elif r < 0.38:  # sampled, but min-p 1 keeps only the argmax: must equal the greedy oracle
             sp.update(temperature=0.8, seed=rng.randrange(1000), min_p=1.0)
+        elif r < 0.44:  # a +100 logit_bias forces one token at every position, greedy or sampled
+            sp["logit_bias"] = {rng.randrange(3, 320): 100.0}
+            if rng.random() < 0.5:
+                sp.update(temperature=0.8, seed=rng.randrange(1000))
         if rng.random() < 0.2:
             sp["logprobs"] = 2
         bad = False
@@ -135,6 +139,9 @@ def test_random_composition_is_exact_and_refuses_bad_requests(checkpoint, seed):
         if out.finish_reason == "abort":
             continue
         assert out.error is None, (rid, out.error)
+        if sp.get("logit_bias"):
+            assert list(out.token_ids) == list(sp["logit_bias"]) * sp["max_tokens"], (rid, sp)
+            continue
         if sp["temperature"] > 0 and sp.get("min_p", 0.0) < 1.0:
             assert len(out.token_ids) == sp["max_tokens"]
             continue
