@@ -261,4 +261,7 @@ def test_greedy_batches_upload_only_the_suppression():
     assert sample(logits, banned).token_ids.tolist() == [2, 3]
     table.temperature[0] = 0.7
     build_sampling_batch(table, slots, up)
+    assert up.calls[-1] == sorted(["temperature", "top_p", "top_k", "seed_lo", "seed_hi", "step", "suppress"])
+    table.min_p[2] = 0.1  # min_p is uploaded only where a row uses it
+    build_sampling_batch(table, slots, up)
     assert up.calls[-1] == sorted(["temperature", "top_p", "top_k", "min_p", "seed_lo", "seed_hi", "step", "suppress"])

@@ -255,7 +255,7 @@ class CompletionRequest(SamplingFields):
         if self.max_tokens == 0 and not self.echo:
             raise InvalidRequestError("max_tokens: 0 is allowed only with echo (the prompt returned, nothing "
                                       "generated); set max_tokens to at least 1, or echo to true", "max_tokens")
-        if self.prompt_only and isinstance(self.min_tokens, int) and self.min_tokens > 0:
+        if self.prompt_only and self.min_tokens > 0:
             raise InvalidRequestError(f"min_tokens: ({self.min_tokens}) must not exceed max_tokens (0)", "min_tokens")
         prompt_logprobs = None
         if self.echo_logprobs:

@@ -167,8 +167,11 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
     if step_offsets is not None:
         generated = generated + step_offsets
     all_greedy = bool((temp == 0).all())
-    arrays = {} if all_greedy else {"temperature": temp, "top_p": top_p, "top_k": top_k, "min_p": min_p,
+    any_min_p = not all_greedy and bool((min_p > 0).any())
+    arrays = {} if all_greedy else {"temperature": temp, "top_p": top_p, "top_k": top_k,
                                     "seed_lo": table.seed_lo[slots], "seed_hi": table.seed_hi[slots]}
+    if any_min_p:  # read only then (sampling_logits)
+        arrays["min_p"] = min_p
     if not all_greedy and device_steps is None:
         arrays["step"] = generated
     if table.stop_ids.shape[1]:
@@ -196,7 +199,7 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
         seed_lo=dev.get("seed_lo"), seed_hi=dev.get("seed_hi"), step=step, suppress=suppress,
         bias_ids=dev.get("bias_ids"), bias_vals=dev.get("bias_vals"),
         all_greedy=all_greedy, any_top=bool(((top_k > 0) | (top_p < 1.0)).any()),
-        any_min_p=not all_greedy and bool((min_p > 0).any()),
+        any_min_p=any_min_p,
         max_logprobs=int(lp.max()) if len(lp) else -1,
     )
 
