@@ -3,8 +3,9 @@
 auto in small pools, chunked or wavefront prefill at several chunk sizes and budgets) serving random
 requests that arrive while others run: greedy ones (some with stop ids, fewer loops, logprobs) must be
 token-identical to the oracle, seeded sampled ones run to their length (those with min-p 1, which keeps
-only the argmax, must equal the oracle too; those with a +100 logit_bias repeat its token), some are
-aborted mid-way, and bad ones (speculation with adaptive exit, draft loops not below the request's
+only the argmax, must equal the oracle too; those with a +100 logit_bias repeat its token; greedy ones
+with repetition / frequency / presence penalties equal the penalised oracle), some are
+aborted mid-way, and bad ones (speculation with adaptive exit or penalties, draft loops not below the request's
 depth) are refused at admission with an error naming the setting — and change nothing for the others. After each run the KV
 manager's audit must pass. (A 300-seed run of the same generator passed before this was committed.)"""
 
@@ -84,6 +85,12 @@ def _requests(rng: random.Random, spec_on: bool) -> list[tuple[str, list[int], d
             sp["logit_bias"] = {rng.randrange(3, 320): 100.0}
             if rng.random() < 0.5:
                 sp.update(temperature=0.8, seed=rng.randrange(1000))
+        elif r < 0.54:  # penalties (greedy: must equal the penalised oracle); with speculation a bad request
+            sp.update(presence_penalty=rng.choice([0.0, 0.5, -1.0]), frequency_penalty=rng.choice([0.0, 0.75, 2.0]),
+                      repetition_penalty=rng.choice([1.0, 1.5, 0.5]))
+            if SamplingParams(**sp).penalized and spec is not None:
+                out.append((f"r{i}", (SHARED + tail) if rng.random() < 0.5 else tail, sp, True))
+                continue
         if rng.random() < 0.2:
             sp["logprobs"] = 2
         bad = False
@@ -146,9 +153,10 @@ def test_random_composition_is_exact_and_refuses_bad_requests(checkpoint, seed):
             assert len(out.token_ids) == sp["max_tokens"]
             continue
         gaps: list[float] = []
+        penalties = (sp.get("presence_penalty", 0.0), sp.get("frequency_penalty", 0.0), sp.get("repetition_penalty", 1.0))
         want, _ = reference_generate(ref, prompt, max_tokens=sp["max_tokens"], max_loops=sp["max_loops"],
                                      exit_threshold=sp.get("exit_threshold", 1.0),
-                                     stop_token_ids=tuple(sp.get("stop_token_ids", ())), gaps=gaps)
+                                     stop_token_ids=tuple(sp.get("stop_token_ids", ())), gaps=gaps, penalties=penalties)
         assert_greedy_equal(list(out.token_ids), want, gaps, (rid, sp))
         if sp.get("logprobs"):
             assert len(out.logprobs) == len(out.token_ids)

@@ -9,16 +9,16 @@ step are engine faults for that step's requests only, and the engine keeps servi
 
 from __future__ import annotations
 
+from attrs import evolve as attrs_evolve
 import pytest
 import torch
 
 from rlt.platform import EngineConfig, LLMEngine, SamplingParams
-from rlt.platform.checkpoint import load_checkpoint
 from rlt.platform.composition import build_engine
 from rlt.platform.models.ouro_reference import reference_generate
 
 from engine_driver import run_arrivals as run
-from test_pipeline import prompts, same
+from test_pipeline import oracle, prompts, run_alike, same
 
 
 def engines(path, depth=2, device_exit=True, **kw):
@@ -52,12 +52,8 @@ def test_greedy_adaptive_equals_oracle_and_the_host_planned_pipeline(tiny_checkp
     base, plain, planned = engines(path, depth=depth, kv_layout=layout, max_num_seqs=4)
     ps = prompts(6, seed=9, lo=2 if layout == "shared" else 3, hi=7 if layout == "shared" else 12)
     params = adaptive_params()
-    got = run(planned, ps, params, arrive_every=3)
-    for a, b, c in zip(got, run(base, ps, params, arrive_every=3), run(plain, ps, params, arrive_every=3)):
-        same(a, b)
-        same(a, c)
-    ck = load_checkpoint(path, dtype=torch.float32)
-    ref = ck.family.build_reference(ck.config, ck.weights)
+    got = run_alike(planned, (base, plain), ps, params, arrive_every=3)
+    ref = oracle(path)
     for p, o, (t, lo, hi) in zip(ps, got, ADAPTIVE):
         want, depths = reference_generate(ref, p, max_tokens=9, layout=layout, exit_threshold=t, min_loops=lo,
                                           max_loops=hi)
@@ -312,3 +308,22 @@ def test_runs_go_on_while_the_waiting_request_is_blocked_on_kv(tiny_checkpoint):
     assert info["device_planned_steps"] > 10
     assert "a request can be admitted" not in info["ends"], info
     assert planned.stats().num_free_kv_blocks == planned.stats().num_kv_blocks
+
+
+def test_penalties_count_only_the_rows_that_exit(tiny_checkpoint):
+    """An open step samples every row; a penalised request's token history counts only the rows that
+    exited (the step's exit mask, on the device). Greedy penalised requests under adaptive exit equal
+    the oracle's penalised generation and the host-planned pipeline."""
+    path = tiny_checkpoint(seed=6, gate_bias=0.5)
+    base, plain, planned = engines(path, depth=2, max_num_seqs=4)
+    ps = prompts(6, seed=9)
+    settings = [(0.0, 1.25, 1.0), (0.0, 0.0, 2.0), (1.5, 0.5, 1.5), (0.0, 0.0, 1.0), (-0.5, 0.0, 0.5), (0.0, 2.0, 1.0)]
+    params = [attrs_evolve(sp, presence_penalty=p, frequency_penalty=f, repetition_penalty=r)
+              for sp, (p, f, r) in zip(adaptive_params(max_tokens=12), settings)]
+    got = run_alike(planned, (base, plain), ps, params, arrive_every=3)
+    ref = oracle(path)
+    for p, o, (t, lo, hi), s in zip(ps, got, ADAPTIVE, settings):
+        want, depths = reference_generate(ref, p, max_tokens=12, exit_threshold=t, min_loops=lo, max_loops=hi,
+                                          penalties=s)
+        assert list(o.token_ids) == want and list(o.exit_depths) == depths, s
+    assert device_exit_info(planned)["device_planned_steps"] > 0

@@ -52,6 +52,20 @@ def same(a, b, *, logprobs=False):
         assert flat == [pytest.approx([x.logprob, *(v for _, v in x.top)], abs=1e-4) for x in b.logprobs]
 
 
+def run_alike(first, others, ps, params, arrive_every=0):
+    """``first``'s outputs for the requests, after checking that each engine of ``others`` gives the same."""
+    got = run(first, ps, params, arrive_every=arrive_every)
+    for other in others:
+        for a, b in zip(got, run(other, ps, params, arrive_every=arrive_every)):
+            same(a, b)
+    return got
+
+
+def oracle(path):
+    ck = load_checkpoint(path, dtype=torch.float32)
+    return ck.family.build_reference(ck.config, ck.weights)
+
+
 def pipeline_info(engine):
     return engine.describe()["executor"]["pipeline"]
 
@@ -89,12 +103,8 @@ def test_greedy_equals_oracle_and_sync(tiny_checkpoint, layout, depth):
     base, sync, piped = engines(path, depth=depth, kv_layout=layout)
     ps = prompts(4, seed=depth, lo=2 if layout == "shared" else 3, hi=7 if layout == "shared" else 12)
     sp = SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True)
-    got = run(piped, ps, sp, arrive_every=2)
-    for a, b, c in zip(got, run(base, ps, sp, arrive_every=2), run(sync, ps, sp, arrive_every=2)):
-        same(a, b)
-        same(a, c)
-    ck = load_checkpoint(path, dtype=torch.float32)
-    ref = ck.family.build_reference(ck.config, ck.weights)
+    got = run_alike(piped, (base, sync), ps, sp, arrive_every=2)
+    ref = oracle(path)
     for p, o in zip(ps, got):
         want, depths = reference_generate(ref, p, max_tokens=7, layout=layout)
         assert list(o.token_ids) == want and list(o.exit_depths) == depths
@@ -211,3 +221,21 @@ def test_fault_in_a_pipelined_step_aborts_only_that_step(tiny_checkpoint):
     # the engine keeps serving, exactly
     assert [o.token_ids for o in run(piped, ps[2:], sp)] == [o.token_ids for o in run(base, ps[2:], sp)]
     assert piped.stats().num_free_kv_blocks == piped.stats().num_kv_blocks
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_penalties_count_tokens_still_in_flight(tiny_checkpoint, depth):
+    """Repetition / frequency / presence penalties read a token history the device keeps: lagged steps
+    sample from it before the host has read the tokens that fill it. Greedy penalised requests equal
+    the oracle's penalised generation, beside unpenalised ones, in every path."""
+    path = tiny_checkpoint(seed=2)
+    base, sync, piped = engines(path, depth=depth, max_num_seqs=3)
+    ps = prompts(5, seed=8)
+    settings = [(0.0, 1.25, 1.0), (0.0, 0.0, 2.0), (0.0, 0.0, 1.0), (1.5, 0.5, 1.5), (-0.5, 0.0, 0.5)]
+    params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, presence_penalty=p, frequency_penalty=f,
+                             repetition_penalty=r) for p, f, r in settings]
+    got = run_alike(piped, (base, sync), ps, params, arrive_every=2)
+    ref = oracle(path)
+    for p, o, s in zip(ps, got, settings):
+        assert list(o.token_ids) == reference_generate(ref, p, max_tokens=12, penalties=s)[0], s
+    assert pipeline_info(piped)["lagged_steps"] > 0

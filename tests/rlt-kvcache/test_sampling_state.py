@@ -1,6 +1,6 @@
-"""A request's sampling state (logit_bias, min_p) lives in its slot-table row: a slot reused by another
-request, or a preempted request resumed in another slot, carries exactly its own — each request's tokens
-equal those it gets alone in a fresh engine."""
+"""A request's sampling state (logit_bias, min_p; the penalties' token history) lives in its slot's rows:
+a slot reused by another request, or a preempted request resumed in another slot, carries exactly its
+own — each request's tokens equal those it gets alone in a fresh engine."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ def _items():
                                 logit_bias={(7 * i + 11) % 320: 6.0, 3: -100, 100 + i: 5.0})
         else:  # ... then unbiased, in turn
             sp = SamplingParams(max_tokens=8, temperature=0.9 if i == 3 else 0.0, seed=i, min_p=0.1, ignore_eos=True)
+        if i in (1, 2, 4):  # penalised: a resumed request's history is its prompt and recorded output
+            sp = sp.with_(max_tokens=12, frequency_penalty=1.0, repetition_penalty=1.5, presence_penalty=0.5 * (i - 2))
         items.append((p, sp))
     return items
 
@@ -41,3 +43,11 @@ def test_preempted_requests_resume_with_their_own_bias(tiny_checkpoint, mode):
     assert [o.token_ids for o in run(engine, items)] == alone
     m = metrics(engine)
     assert m["kv_preemptions"] > 0 and m["kv_resumed_in_other_slot"] > 0
+
+
+def test_penalties_change_the_tokens_here(tiny_checkpoint):
+    """(So that the tests above would see a lost or foreign token history.)"""
+    path = tiny_checkpoint(seed=1)
+    for p, sp in (it for i, it in enumerate(_items()) if i in (1, 2, 4)):
+        off = sp.with_(frequency_penalty=0.0, repetition_penalty=1.0, presence_penalty=0.0)
+        assert run(base_engine(path), [(p, sp)])[0].token_ids != run(base_engine(path), [(p, off)])[0].token_ids

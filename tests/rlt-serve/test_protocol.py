@@ -101,6 +101,8 @@ def test_top_k_minus_one_means_off():
 @pytest.mark.parametrize("field, value", [
     ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("max_tokens", 0), ("min_tokens", -1), ("min_p", 1.5),
     ("seed", 2**64), ("exit_threshold", 1.5), ("min_loops", 0), ("top_k", -2),
+    ("frequency_penalty", 2.5), ("presence_penalty", -2.01), ("repetition_penalty", 0.0),
+    ("repetition_penalty", -1.0),
 ])
 def test_out_of_range_values_raise_invalid_request(field, value):
     r = CompletionRequest.model_validate({"prompt": "x", field: value})
@@ -110,9 +112,6 @@ def test_out_of_range_values_raise_invalid_request(field, value):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"frequency_penalty": 0.5}, "frequency_penalty"),
-    ({"presence_penalty": -1.0}, "presence_penalty"),
-    ({"repetition_penalty": 1.2}, "repetition_penalty"),
     ({"best_of": 3}, "best_of"),
     ({"use_beam_search": True}, "use_beam_search"),
     ({"suffix": "tail"}, "suffix"),
@@ -139,10 +138,20 @@ def test_logit_bias_keys_are_token_ids():
 
 
 def test_neutral_values_of_unsupported_fields_are_fine():
-    r = CompletionRequest.model_validate({"prompt": "x", "frequency_penalty": 0, "presence_penalty": 0.0,
-                                          "repetition_penalty": 1, "best_of": 1, "logit_bias": {},
+    r = CompletionRequest.model_validate({"prompt": "x", "best_of": 1, "logit_bias": {},
                                           "response_format": {"type": "text"}})
     r.check_supported(max_n=4)
+
+
+def test_penalties_reach_the_engine_parameters():
+    r = CompletionRequest.model_validate({"prompt": "x", "frequency_penalty": 0.5, "presence_penalty": -1,
+                                          "repetition_penalty": 1.2})
+    r.check_supported(max_n=4)
+    p = r.to_params()
+    assert (p.frequency_penalty, p.presence_penalty, p.repetition_penalty) == (0.5, -1, 1.2) and p.penalized
+    off = CompletionRequest.model_validate({"prompt": "x", "frequency_penalty": None, "presence_penalty": 0,
+                                            "repetition_penalty": 1}).to_params()
+    assert not off.penalized
 
 
 def test_seed_per_choice():

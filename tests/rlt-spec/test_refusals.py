@@ -8,6 +8,7 @@ import pytest
 from rlt.platform import SamplingParams
 from rlt.platform.errors import ConfigError, InvalidRequestError
 from rlt.spec.feature import SpecOptions
+from rlt.spec.stats import SpecStats
 from spec_helpers import drain, spec_engine
 
 
@@ -21,6 +22,8 @@ def _sp(**spec):
     (SamplingParams(max_tokens=4, max_loops=2, speculation={"num_tokens": 2, "draft_loops": 2}),
      "speculation.draft_loops", "below the request's depth"),
     (_sp(num_tokens=9), "speculation.num_tokens", "--self-spec-max-num-tokens"),
+    (_sp(num_tokens=2).with_(repetition_penalty=1.3), "speculation", "penalties"),
+    (_sp(num_tokens=2).with_(presence_penalty=-0.5), "speculation", "penalties"),
 ])
 def test_request_refusals_name_the_setting(spec_checkpoints, params, field, words):
     engine = spec_engine(spec_checkpoints[0])
@@ -113,3 +116,29 @@ def test_step_cost_default_follows_the_composition():
     assert best_k(0.2, 8, 1, 4, 0.05, overlap=True, step_cost=GRAPH_STEP_COST) == 0
     # at the cost eager speculative steps had (12 plain steps) no K pays even at full acceptance
     assert best_k(1.0, 8, 1, 4, 0.05, overlap=True, step_cost=12.0) == 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_penalised_requests_decode_plainly_under_the_default_k(spec_checkpoints, overlap):
+    """With an engine default K, a penalised request (which gives no speculation) decodes without it —
+    equal to the oracle's penalised greedy generation — while its neighbours speculate."""
+    from rlt.platform.models.ouro_reference import reference_generate
+    from spec_helpers import reference
+
+    path = spec_checkpoints[1]
+    engine = spec_engine(path, options=SpecOptions(num_tokens=4, adaptive=False), overlap=overlap)
+    s = (0.5, 1.0, 1.5)
+    pen = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, presence_penalty=s[0], frequency_penalty=s[1],
+                         repetition_penalty=s[2])
+    plain = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    stats = SpecStats()
+    engine.add_observer(stats)
+    alone = drain(engine, [("p", [5, 6, 7, 5], pen)])
+    assert stats.drafted == 0  # the penalised request never drafted
+    outs = drain(engine, [("p", [5, 6, 7, 5], pen), ("q", [9, 8, 7], plain)])
+    assert stats.drafted > 0  # its neighbour did
+    ref = reference(path)
+    want = reference_generate(ref, [5, 6, 7, 5], max_tokens=10, penalties=s)[0]
+    assert list(alone["p"].token_ids) == want and list(outs["p"].token_ids) == want
+    assert want != reference_generate(ref, [5, 6, 7, 5], max_tokens=10)[0]  # the penalties matter here
+    assert list(outs["q"].token_ids) == reference_generate(ref, [9, 8, 7], max_tokens=10)[0]

@@ -53,7 +53,8 @@ CASES = [
     (C, {"prompt": "x", "min_loops": 3, "max_loops": 2}, 400, "max_loops"),
     (C, {"prompt": "x", "exit_threshold": 1.5}, 400, "exit_threshold"),
     (C, {"prompt": "x", "priority": "high"}, 400, "priority"),
-    (C, {"prompt": "x", "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    (C, {"prompt": "x", "frequency_penalty": 2.5}, 400, "frequency_penalty"),
+    (C, {"prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty"),
     (C, {"prompt": "x", "logit_bias": {"99999999": 5}}, 400, "logit_bias"),  # outside the vocabulary
     (C, {"prompt": "x", "logit_bias": {"x": 5}}, 400, "logit_bias"),
     (C, {"prompt": "x", "suffix": "y"}, 400, "suffix"),

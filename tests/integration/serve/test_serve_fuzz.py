@@ -65,6 +65,8 @@ GOOD = {
     "min_loops": st.integers(1, 4), "max_loops": st.one_of(st.none(), st.integers(1, 4)),
     "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1.0), "min_p": st.floats(0, 1),
     "logit_bias": st.dictionaries(st.integers(0, VOCAB - 1).map(str), st.floats(-200, 200), max_size=4),
+    "presence_penalty": st.floats(-2, 2), "frequency_penalty": st.floats(-2, 2),
+    "repetition_penalty": st.floats(0.05, 3),
     "exit_threshold": st.one_of(st.none(), st.floats(0, 1)),
     "stop": st.one_of(st.none(), text, st.lists(text, max_size=3)),
     "stop_token_ids": st.lists(st.integers(0, VOCAB - 1), max_size=4),

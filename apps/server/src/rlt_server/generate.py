@@ -43,6 +43,10 @@ def add_parser(sub) -> None:
     g.add_argument("--temperature", type=float, default=1.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x the best one's probability")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="subtracted once from generated tokens' logits")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="subtracted per occurrence of a generated token")
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="prompt and generated tokens: positive logits divided by it, negative ones multiplied")
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", dest="request_seed", type=int, default=None, help="per-request sampling seed")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -61,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
         die("give at least one --prompt or --prompt-token-ids")
     params = SamplingParams(
         max_tokens=args.max_tokens, min_tokens=args.min_tokens, temperature=args.temperature, top_p=args.top_p,
-        top_k=args.top_k, min_p=args.min_p, seed=args.request_seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
+        top_k=args.top_k, min_p=args.min_p, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty,
+        seed=args.request_seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
         min_loops=args.min_loops, max_loops=args.max_loops, exit_threshold=args.exit_threshold,
     )
     composition = plan(args)

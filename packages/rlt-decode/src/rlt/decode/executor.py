@@ -311,7 +311,7 @@ class StaticDecodeExecutor(Wrapped):
         b = run.batch
         n = b.num_rows
         e = exited[:n]
-        out = self.sampler.sample(self.model.coda(h[:n]), b.slots, device_steps=run.generated)
+        out = self.sampler.sample(self.model.coda(h[:n]), b.slots, device_steps=run.generated, committed=e)
         self.tokens.index_copy_(0, run.slots, torch.where(e, out.token_ids, self.tokens.index_select(0, run.slots)))
         run.generated.add_(e.long())
         self._exited[: b.bucket].copy_(exited)  # a graph's output is overwritten by its next replay

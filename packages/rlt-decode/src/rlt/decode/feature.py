@@ -88,8 +88,9 @@ def device_exit_off_reason(ctx) -> str:
     if "preemption" in ctx.feature_options:
         return "preemption is on (incremental KV allocation; the step loop drains before every plan)"
     sample = ctx.parts.sampler.sample
-    if "device_steps" not in inspect.signature(sample).parameters:
-        return f"the sampler ({type(ctx.parts.sampler).__name__}) takes no device step counters"
+    if not {"device_steps", "committed"} <= set(inspect.signature(sample).parameters):
+        return (f"the sampler ({type(ctx.parts.sampler).__name__}) takes no device step counters or "
+                "committed-row mask")
     return ""
 
 

@@ -12,6 +12,10 @@ whose ``param`` names the field. Counts of stop strings and stop token ids are b
 is checked on every generated token.
 ``logit_bias`` adds a value in [-100, 100] to chosen tokens' logits before sampling (greedy rows too),
 as the OpenAI API does; vLLM clamps larger values into that range, and so does rlt.
+``presence_penalty`` / ``frequency_penalty`` (in [-2, 2], 0 = off) subtract from a token's logit once if it
+was generated / once per time it was generated; ``repetition_penalty`` (> 0, 1 = off) divides the positive
+logits and multiplies the negative ones of tokens in the prompt or the output — vLLM's definitions and order
+(``rlt.platform.engine.penalties``). A penalised request does not speculate (rlt-spec).
 ``init_state_scale`` scales the random initial state of models that have one (Huginn).
 ``speculation`` asks for self-speculation (rlt-spec): drafts of ``num_tokens`` tokens with
 ``draft_loops`` loops; its model-dependent limits are checked by the feature that serves it.
@@ -38,6 +42,8 @@ INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 #: the largest finite float32 (temperature and top_p are float32 on the device)
 FLOAT32_MAX = 3.4028234663852886e38
+#: the smallest normal float32 (repetition_penalty divides logits on the device: it must not round to 0)
+FLOAT32_TINY = 1.1754943508222875e-38
 
 
 def _fail(field: str, message: str):
@@ -122,6 +128,12 @@ class SamplingParams:
     min_p: float = 0.0
     #: added to the named tokens' logits before sampling: ``{token_id: bias}`` in, sorted pairs kept
     logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_logit_bias)
+    #: subtracted from the logit of every token already generated (vLLM / OpenAI; 0 = off)
+    presence_penalty: float = 0.0
+    #: subtracted once per time a token was generated (vLLM / OpenAI; 0 = off)
+    frequency_penalty: float = 0.0
+    #: tokens of the prompt or the output: positive logits divided by it, negative ones multiplied (1 = off)
+    repetition_penalty: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     stop: tuple[str, ...] = attrs.field(
@@ -160,6 +172,13 @@ class SamplingParams:
         _int_in("top_k", self.top_k, -1, INT64_MAX, f"-1 or 0 (off), or a positive integer up to {INT64_MAX}")
         if not _is_num(self.min_p) or not (0.0 <= self.min_p <= 1.0):
             _fail("min_p", f"must be in [0, 1] (0 = off), got {self.min_p!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_num(value) or not -2.0 <= value <= 2.0:
+                _fail(name, f"must be in [-2, 2] (0 = off), got {value!r}")
+        if not _is_num(self.repetition_penalty) or not FLOAT32_TINY <= self.repetition_penalty <= FLOAT32_MAX:
+            _fail("repetition_penalty", f"must be a number > 0 (1 = off; a normal float32: in [{FLOAT32_TINY:.4g}, "
+                                        f"{FLOAT32_MAX:.4g}]), got {self.repetition_penalty!r}")
         check_seed(self.seed)
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             _fail("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} token ids, got {len(self.stop_token_ids)}")
@@ -196,6 +215,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any of the repetition / frequency / presence penalties is on."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def with_(self, **changes) -> "SamplingParams":
         return attrs.evolve(self, **changes)

@@ -4,7 +4,7 @@ into rlt's :class:`SamplingParams`.
 Types are strict (a string is not a number, ``true`` is not an integer): a wrong type is a 400,
 not a silent coercion. Ranges are checked once, by :class:`SamplingParams` (the engine's single
 source of truth), not duplicated here. Unknown fields are accepted and ignored with a warning, as
-vLLM does; fields rlt cannot honour (penalties, beam search, tools, ...) are accepted
+vLLM does; fields rlt cannot honour (beam search, best_of, tools, ...) are accepted
 only at their neutral value, otherwise they are a 400 that names the field — never silently
 dropped.
 
@@ -92,10 +92,7 @@ def prompt_items(value: Any) -> tuple[list[PromptItem], bool]:
 
 
 #: Fields rlt accepts only at these values (OpenAI / vLLM defaults).
-NEUTRAL_VALUES: dict[str, tuple] = {
-    "frequency_penalty": (None, 0.0), "presence_penalty": (None, 0.0), "repetition_penalty": (None, 1.0),
-    "use_beam_search": (False,),
-}
+NEUTRAL_VALUES: dict[str, tuple] = {"use_beam_search": (False,)}
 
 
 class SamplingFields(_Body):
@@ -135,10 +132,11 @@ class SamplingFields(_Body):
     prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     user: str | None = None
-    # accepted only at their neutral values
+    #: OpenAI's penalties in [-2, 2] and vLLM's repetition_penalty (> 0); null: off
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
+    # accepted only at their neutral values
     best_of: int | None = None
     use_beam_search: bool = False
     response_format: dict[str, Any] | None = None
@@ -181,6 +179,9 @@ class SamplingFields(_Body):
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=0 if self.top_k is None else self.top_k,
             min_p=0.0 if self.min_p is None else self.min_p, logit_bias=_token_keys(self.logit_bias),
+            presence_penalty=0.0 if self.presence_penalty is None else self.presence_penalty,
+            frequency_penalty=0.0 if self.frequency_penalty is None else self.frequency_penalty,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             seed=self.seed, stop=stop, stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos, priority=self.priority, logprobs=logprobs,
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,

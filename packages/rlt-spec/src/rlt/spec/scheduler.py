@@ -35,7 +35,10 @@ executor's state table, which a preempting policy cannot save; between rounds it
 like any decode request (a swapped or recomputed request resumes from its recorded tokens).
 
 Per-request checks (:meth:`add`): speculation with adaptive exit, ``draft_loops`` not below the
-request's depth, K above the engine cap or the step budget are refused, naming the setting.
+request's depth, K above the engine cap or the step budget are refused, naming the setting; so is
+speculation asked for by a request with repetition / frequency / presence penalties (each verified
+position would need the penalties of the drafts before it), which under the engine's default K
+decodes plainly instead.
 """
 
 from __future__ import annotations
@@ -128,6 +131,13 @@ class SpeculativeScheduler(Wrapped):
         d = (spec.draft_loops if spec is not None else None) or o.resolved_draft_loops(self.num_loops)
         if k == 0:
             return None
+        if request.params.penalized:  # a verified position's penalties would need the drafts before it counted
+            if spec is None:
+                return None  # the engine's default K: this request decodes plainly
+            raise InvalidRequestError(
+                "speculation: self-speculation does not combine with repetition / frequency / presence "
+                "penalties; leave speculation unset (the request then decodes without it) or the penalties at "
+                "their defaults", "speculation")
         where = "speculation" if spec is not None else "--self-spec"
         if is_adaptive(request.exit_threshold):
             raise InvalidRequestError(

@@ -80,8 +80,8 @@ class SpeculativeSampler(Wrapped):
         self.table = slots
         self.uploader = uploader
 
-    def sample(self, logits, slots, device_steps=None):
-        return self.inner.sample(logits, slots, device_steps=device_steps)
+    def sample(self, logits, slots, device_steps=None, committed=None):
+        return self.inner.sample(logits, slots, device_steps=device_steps, committed=committed)
 
     def _batch(self, slots: np.ndarray, offsets: np.ndarray):
         return build_sampling_batch(self.table, slots, self.uploader, step_offsets=offsets)

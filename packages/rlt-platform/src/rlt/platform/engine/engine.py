@@ -122,11 +122,12 @@ class LLMEngine:
 
     def describe(self) -> dict[str, Any]:
         """Components and who provides them, the KV pool, UVA, programmatic dependent launch of the
-        decode kernels (``rlt.attention.pdl``) and their last-arriver folds (``rlt.attention.fold``): for
-        logs and ``/v1/engine``."""
+        decode kernels (``rlt.attention.pdl``) and their last-arriver folds (``rlt.attention.fold``), the
+        memory of the penalties' token history: for logs and ``/v1/engine``."""
         kv = self.ctx.kv
         executor = self.ctx.parts.executor
         describe_executor = getattr(executor, "describe", None)
+        penalties = getattr(self.ctx.parts.sampler, "penalties", None)  # the token history (engine/penalties.py)
         return {
             "components": self.assembly.describe(),
             "executor": describe_executor() if callable(describe_executor) else {"type": type(executor).__name__},
@@ -136,6 +137,7 @@ class LLMEngine:
             "pdl": dict(zip(("enabled", "reason"), pdl_status(self.ctx.device))),
             "weight_prefetch": dict(zip(("enabled", "reason"), weight_prefetch_status(self.ctx.device))),
             "fold": dict(zip(("enabled", "reason"), fold_status(self.ctx.device))),
+            "sampler": {"penalty_history_mib": None if penalties is None else round(penalties.nbytes / 2**20, 2)},
         }
 
     # -- requests --------------------------------------------------------------------------------

@@ -337,6 +337,9 @@ class Sampler(Protocol):
     Optional keyword ``device_steps`` (int64 ``[M]`` on the device): the rows' generated counts
     where only the device knows them (seeds and min_tokens use them instead of the slot table's);
     a sampler without it cannot serve rlt-decode's device-planned steps (they stay off).
+    Optional keyword ``committed`` (bool ``[M]`` on the device): the rows whose token is produced,
+    where only the device knows it (such a step samples every row); the base sampler counts only
+    those in a penalised request's token history. rlt-decode passes it with ``device_steps``.
     """
 
     def sample(self, logits: torch.Tensor, slots: np.ndarray) -> Any: ...

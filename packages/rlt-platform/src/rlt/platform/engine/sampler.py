@@ -3,10 +3,10 @@
 Greedy rows take the argmax. Random rows use the Gumbel-max trick with counter-based noise: the
 noise for (request seed, generation step, vocabulary id) is a hash, so a seeded request draws the
 same tokens whatever else is in the batch, on any device, with no per-request generator objects.
-Requests without a seed get a random one at admission. ``logit_bias`` is added to the logits first
-(greedy rows take the argmax of the biased logits) and min_tokens suppresses the request's stop tokens
-until it has produced enough tokens; random rows then apply temperature, min-p, top-k and top-p
-(vLLM's order).
+Requests without a seed get a random one at admission. ``logit_bias`` is added to the logits first,
+min_tokens suppresses the request's stop tokens until it has produced enough tokens, then the
+repetition / frequency / presence penalties apply (``penalties.py``) — greedy rows take the argmax of
+these logits; random rows then apply temperature, min-p, top-k and top-p (vLLM's order).
 
 Logprobs are of the raw model distribution (log-softmax of the logits before temperature and
 filtering), as vLLM reports them by default.
@@ -17,6 +17,8 @@ from __future__ import annotations
 import attrs
 import numpy as np
 import torch
+
+from rlt.platform.engine.penalties import PenaltyBatch, PenaltyState, apply_penalties
 
 _M32 = 0xFFFFFFFF
 
@@ -63,6 +65,9 @@ class SamplingBatch:
     any_top: bool
     any_min_p: bool
     max_logprobs: int  # -1: none requested
+    #: repetition / frequency / presence penalties, or None when no row has any (set by the sampler
+    #: that owns the token history, :class:`TokenSampler`)
+    penalties: PenaltyBatch | None = None
 
 
 @attrs.frozen(eq=False)
@@ -96,7 +101,7 @@ def _apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 def suppressed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """``logits`` (float32) plus each row's ``logit_bias``, with its suppressed tokens (min_tokens) set
-    to -inf: what greedy rows take the argmax of."""
+    to -inf, penalised: what greedy rows take the argmax of."""
     logits = logits.float()
     if batch.bias_ids is not None:
         ids = batch.bias_ids
@@ -105,6 +110,8 @@ def suppressed_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tenso
         ban = batch.suppress.clamp_min(0)
         banned = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ban, batch.suppress >= 0)
         logits = logits.masked_fill(banned, float("-inf"))
+    if batch.penalties is not None:
+        logits = apply_penalties(logits, batch.penalties)
     return logits
 
 
@@ -205,17 +212,29 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
 
 
 class TokenSampler:
-    """The base :class:`Sampler`: parameters from the slot table, one upload, :func:`sample`."""
+    """The base :class:`Sampler`: parameters from the slot table, one upload, :func:`sample`; owns the
+    per-slot token history of penalised requests (:class:`PenaltyState`; a sampler without a ``penalties``
+    attribute makes the engine refuse penalised requests)."""
 
-    def __init__(self, *, slots, uploader) -> None:
+    def __init__(self, *, slots, uploader, vocab_size: int, device: torch.device) -> None:
         self.slots = slots
         self.uploader = uploader
+        self.penalties = PenaltyState(slots, vocab_size, device)
 
     @classmethod
     def from_context(cls, ctx) -> "TokenSampler":
-        return cls(slots=ctx.parts.slots, uploader=ctx.parts.uploader)
+        return cls(slots=ctx.parts.slots, uploader=ctx.parts.uploader, vocab_size=ctx.shape.vocab_size,
+                   device=ctx.device)
 
-    def sample(self, logits: torch.Tensor, slots: np.ndarray, device_steps: torch.Tensor | None = None) -> SampleResult:
+    def sample(self, logits: torch.Tensor, slots: np.ndarray, device_steps: torch.Tensor | None = None,
+               committed: torch.Tensor | None = None) -> SampleResult:
         """``device_steps``: the rows' generated counts where only the device knows them
-        (:func:`build_sampling_batch`)."""
-        return sample(logits, build_sampling_batch(self.slots, slots, self.uploader, device_steps=device_steps))
+        (:func:`build_sampling_batch`); ``committed``: bool ``[M]`` on the device, the rows whose token
+        is produced (None: every row) — a step whose exits only the device knows samples every row."""
+        batch = build_sampling_batch(self.slots, slots, self.uploader, device_steps=device_steps)
+        if not self.slots.penalized[slots].any():
+            return sample(logits, batch)
+        pb, at = self.penalties.gather(slots, self.uploader)
+        out = sample(logits, attrs.evolve(batch, penalties=pb))
+        self.penalties.commit(at, out.token_ids, committed)
+        return out

@@ -37,6 +37,13 @@ class SlotTable:
         self.bias_vals = np.zeros((n, 0), np.float32)
         #: how many of a slot's bias columns are its own (a step uploads only the widest of its rows')
         self.bias_len = np.zeros(n, np.int64)
+        #: repetition / frequency / presence penalties (engine/penalties.py); ``penalized``: any is on
+        self.presence_penalty = np.zeros(n, np.float32)
+        self.frequency_penalty = np.zeros(n, np.float32)
+        self.repetition_penalty = np.ones(n, np.float32)
+        self.penalized = np.zeros(n, bool)
+        #: slots assigned a penalised request whose device history the sampler has not rebuilt yet
+        self.penalty_resets: dict[int, object] = {}
 
     def assign(self, slot: int, req) -> None:
         """Write ``req``'s parameters into ``slot``. Raises before writing anything if a value
@@ -50,13 +57,15 @@ class SlotTable:
             "logprobs": np.int64(-1 if p.logprobs is None else p.logprobs),
             "min_loops": np.int32(req.min_loops), "max_loops": np.int32(req.max_loops),
             "threshold": np.float32(req.exit_threshold), "stops": np.asarray(stops, np.int64),
+            "presence_penalty": np.float32(p.presence_penalty), "frequency_penalty": np.float32(p.frequency_penalty),
+            "repetition_penalty": np.float32(p.repetition_penalty),
         }
         lo, hi = split_seed(req.seed)
         self.stop_ids = _widened(self.stop_ids, len(stops), -1)
         self.bias_ids = _widened(self.bias_ids, len(p.logit_bias), -1)
         self.bias_vals = _widened(self.bias_vals, len(p.logit_bias), 0)
         for name in ("temperature", "top_p", "top_k", "min_p", "min_tokens", "logprobs", "min_loops", "max_loops",
-                     "threshold"):
+                     "threshold", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             getattr(self, name)[slot] = values[name]
         self.seed_lo[slot], self.seed_hi[slot] = lo, hi
         self.num_generated[slot] = 0
@@ -66,6 +75,9 @@ class SlotTable:
         self.bias_ids[slot] = -1
         self.bias_vals[slot] = 0
         self.bias_len[slot] = len(p.logit_bias)
+        self.penalized[slot] = p.penalized
+        if p.penalized:
+            self.penalty_resets[slot] = req
         if p.logit_bias:
             ids, vals = zip(*p.logit_bias)
             self.bias_ids[slot, : len(ids)] = ids

@@ -158,6 +158,19 @@ class ExitRule:
         return bool((1.0 - self.remaining) >= self.threshold)
 
 
+def penalised(logits: torch.Tensor, prompt: list[int], output: list[int], presence: float, frequency: float,
+              repetition: float) -> torch.Tensor:
+    """vLLM's penalties, token by token (the engine's vectorised form is ``rlt.platform.engine.penalties``):
+    each token of the prompt or the output has a positive logit divided by ``repetition``, a negative one
+    multiplied; each generated token loses ``frequency`` per occurrence and ``presence`` once."""
+    z = logits.float().clone()
+    for t in set(prompt) | set(output):
+        z[t] = z[t] / repetition if z[t] > 0 else z[t] * repetition
+    for t in set(output):
+        z[t] = z[t] - frequency * output.count(t) - presence
+    return z
+
+
 def reference_generate(
     ref: OuroReference,
     prompt: list[int],
@@ -169,15 +182,19 @@ def reference_generate(
     exit_threshold: float = 1.0,
     stop_token_ids: tuple[int, ...] = (),
     gaps: list[float] | None = None,
+    penalties: tuple[float, float, float] = (0.0, 0.0, 1.0),
 ) -> tuple[list[int], list[int]]:
     """Greedy generation by the oracle: (generated token ids, their exit depths, 1-based loops).
 
     ``gaps``, when given, receives each generated token's logit margin over the runner-up: a margin of
     a few fp32 ulps is a tie that any other (equally exact) summation order may break the other way —
-    randomised comparisons use it to tell such a tie from a wrong token."""
+    randomised comparisons use it to tell such a tie from a wrong token. ``penalties``: (presence,
+    frequency, repetition) applied to each pick's logits (:func:`penalised`)."""
     max_loops = max_loops or ref.num_loops
 
     def pick(logits: torch.Tensor) -> int:
+        if penalties != (0.0, 0.0, 1.0):
+            logits = penalised(logits, prompt, out, *penalties)
         if gaps is not None:
             top = torch.topk(logits.double(), 2).values
             gaps.append(float(top[0] - top[1]))

@@ -1,0 +1,192 @@
+"""Repetition / frequency / presence penalties: the vectorised form against the oracle's token-by-token
+one, greedy engine output against the oracle's penalised greedy generation (mixed with unpenalised
+requests and slot reuse), ranges."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from engine_helpers import drain, reference_for
+from rlt.platform import EngineConfig, LLMEngine, SamplingParams
+from rlt.platform.engine.penalties import PenaltyBatch, apply_penalties
+from rlt.platform.errors import InvalidRequestError
+from rlt.platform.models.ouro_reference import penalised, reference_generate
+
+SETTINGS = [(0.0, 0.0, 2.0), (0.0, 0.0, 0.5), (1.5, 0.0, 1.0), (0.0, 1.25, 1.0), (-0.5, 0.75, 1.5), (2.0, -2.0, 1.0)]
+
+
+def test_vectorised_penalties_equal_the_token_by_token_definition():
+    rng = random.Random(0)
+    vocab, m = 40, len(SETTINGS)
+    logits = torch.randn(m, vocab) * 3
+    logits[0, 5] = float("-inf")  # a suppressed token stays suppressed
+    histories = [([rng.randrange(vocab) for _ in range(rng.randint(0, 8))],
+                  [rng.randrange(vocab) for _ in range(rng.randint(0, 12))]) for _ in range(m)]
+    counts = torch.zeros(m, vocab, dtype=torch.int32)
+    prompt = torch.zeros(m, vocab, dtype=torch.bool)
+    for i, (p, out) in enumerate(histories):
+        prompt[i, p] = True
+        counts[i] = torch.bincount(torch.tensor(out, dtype=torch.int64), minlength=vocab).int()
+    pres, freq, rep = (torch.tensor(col, dtype=torch.float32) for col in zip(*SETTINGS))
+    got = apply_penalties(logits, PenaltyBatch(counts, prompt, pres, freq, rep))
+    for i, ((p, out), s) in enumerate(zip(histories, SETTINGS)):
+        assert torch.equal(got[i], penalised(logits[i], p, out, *s)), (i, s)
+    assert got[0, 5] == float("-inf")
+    assert not torch.equal(got, logits)
+
+
+def test_extreme_repetition_penalties_stay_finite():
+    """The largest and smallest accepted penalties saturate penalised logits at +-float32 max (a banned
+    token stays -inf): a sampled row's distribution stays a distribution."""
+    from rlt.platform.sampling_params import FLOAT32_MAX, FLOAT32_TINY
+
+    logits = torch.tensor([[5.0, -2.0, float("-inf"), 1.0]] * 2)
+    seen = torch.tensor([[True, True, True, False]] * 2)
+    pb = PenaltyBatch(torch.zeros(2, 4, dtype=torch.int32), seen, torch.zeros(2), torch.zeros(2),
+                      torch.tensor([FLOAT32_TINY, FLOAT32_MAX], dtype=torch.float32))
+    got = apply_penalties(logits, pb)
+    big = torch.finfo(torch.float32).max
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
+    assert got.tolist() == [[big, float(f32(-2.0) * f32(FLOAT32_TINY)), float("-inf"), 1.0],
+                            [float(f32(5.0) / f32(FLOAT32_MAX)), -big, float("-inf"), 1.0]]
+    assert torch.isfinite(torch.softmax(got, -1)).all()
+    assert SamplingParams(repetition_penalty=FLOAT32_TINY).penalized and SamplingParams(repetition_penalty=FLOAT32_MAX).penalized
+
+
+def _engine(path, **kw):
+    return LLMEngine(EngineConfig(model=str(path), dtype="float32", block_size=4, **kw))
+
+
+def _greedy(**penalties):
+    return SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True, **penalties)
+
+
+def test_greedy_penalised_requests_equal_the_penalised_oracle(tiny_checkpoint):
+    """Requests with different penalties share steps with unpenalised ones; each equals the oracle's greedy
+    generation with its own penalties (and the penalties change the output, so the test can fail)."""
+    path = tiny_checkpoint(seed=21)
+    ref = reference_for(path)
+    prompts = [[4, 9, 4, 9, 17], [30, 31, 30], [7, 7, 7, 7, 8, 2], [11, 60, 12]]
+    eng = _engine(path, max_num_seqs=3)  # fewer slots than requests: slots are reused
+    reqs = []
+    for i, s in enumerate(SETTINGS + [(0.0, 0.0, 1.0)]):
+        prompt = prompts[i % len(prompts)]
+        sp = _greedy(presence_penalty=s[0], frequency_penalty=s[1], repetition_penalty=s[2])
+        eng.add_request(f"r{i}", prompt, sp)
+        reqs.append((f"r{i}", prompt, s))
+    outs = drain(eng)
+    changed = 0
+    for rid, prompt, s in reqs:
+        want, _ = reference_generate(ref, prompt, max_tokens=14, penalties=s)
+        assert list(outs[rid].token_ids) == want, (rid, s)
+        changed += want != reference_generate(ref, prompt, max_tokens=14)[0]
+    assert changed >= 4  # most settings change this model's greedy text
+
+
+def test_a_reused_slot_starts_from_its_own_history(tiny_checkpoint):
+    """One slot, two penalised requests in turn: the second's penalties see only its own prompt and output."""
+    path = tiny_checkpoint(seed=21)
+    ref = reference_for(path)
+    eng = _engine(path, max_num_seqs=1)
+    s = (0.5, 1.0, 1.5)
+    sp = _greedy(presence_penalty=s[0], frequency_penalty=s[1], repetition_penalty=s[2])
+    for rid, prompt in (("a", [4, 9, 4, 9, 17]), ("b", [30, 31, 30])):
+        eng.add_request(rid, prompt, sp)
+    outs = drain(eng)
+    for rid, prompt in (("a", [4, 9, 4, 9, 17]), ("b", [30, 31, 30])):
+        assert list(outs[rid].token_ids) == reference_generate(ref, prompt, max_tokens=14, penalties=s)[0]
+
+
+def test_sampled_rows_draw_from_the_penalised_distribution():
+    """Random rows draw from softmax(penalised logits / temperature)."""
+    from rlt.platform.engine.sampler import SamplingBatch, sample
+
+    m, vocab = 20000, 4
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]]).expand(m, -1)
+    counts = torch.tensor([[0, 2, 0, 1]], dtype=torch.int32).expand(m, -1)
+    prompt = torch.tensor([[True, False, False, True]]).expand(m, -1)
+    full = lambda v: torch.full((m,), v, dtype=torch.float32)  # noqa: E731
+    pb = PenaltyBatch(counts, prompt, full(0.25), full(0.5), full(2.0))
+    batch = SamplingBatch(temperature=full(0.8), top_p=full(1.0), top_k=torch.zeros(m, dtype=torch.int64),
+                          min_p=None, seed_lo=torch.arange(m), seed_hi=torch.zeros(m, dtype=torch.int64),
+                          step=torch.zeros(m, dtype=torch.int64), suppress=None, bias_ids=None, bias_vals=None,
+                          all_greedy=False, any_top=False, any_min_p=False, max_logprobs=-1, penalties=pb)
+    freq = np.bincount(sample(logits, batch).token_ids.numpy(), minlength=vocab) / m
+    z = penalised(logits[0], [0, 3], [1, 1, 3], 0.25, 0.5, 2.0)
+    assert z.tolist() == [2.0 / 2, 1.0 / 2 - 2 * 0.5 - 0.25, 0.5, -1.0 * 2 - 0.5 - 0.25]
+    want = torch.softmax(z / 0.8, -1).numpy()
+    assert np.abs(freq - want).max() < 0.015
+
+
+def test_seeded_sampled_requests_with_penalties_are_reproducible(tiny_checkpoint):
+    """Through the engine at a low temperature (near-greedy, so the penalties decide tokens): the same seed
+    gives the same tokens, and not those of the same seed without the penalties."""
+    path = tiny_checkpoint(seed=21)
+    cool = SamplingParams(max_tokens=12, temperature=0.05, seed=7, ignore_eos=True)
+    runs = []
+    for sp in (cool, cool.with_(repetition_penalty=2.0, frequency_penalty=1.0),
+               cool.with_(repetition_penalty=2.0, frequency_penalty=1.0)):
+        eng = _engine(path)
+        eng.add_request("s", [4, 9, 4, 9], sp)
+        runs.append(drain(eng)["s"].token_ids)
+    assert runs[1] == runs[2] and runs[0] != runs[1]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("presence_penalty", 2.01), ("presence_penalty", float("nan")), ("frequency_penalty", -3),
+    ("frequency_penalty", "1"), ("repetition_penalty", 0.0), ("repetition_penalty", -1.0),
+    ("repetition_penalty", float("inf")), ("repetition_penalty", 10**400), ("repetition_penalty", 5e-324),
+])
+def test_out_of_range_penalties_name_the_field(field, value):
+    with pytest.raises(InvalidRequestError, match=f"^{field}: ") as info:
+        SamplingParams(**{field: value})
+    assert info.value.param == field
+
+
+def test_penalised_flag():
+    assert not SamplingParams().penalized and not SamplingParams(repetition_penalty=1).penalized
+    assert SamplingParams(presence_penalty=-0.1).penalized and SamplingParams(repetition_penalty=1.01).penalized
+    assert SamplingParams(frequency_penalty=2).penalized
+
+
+def test_unpenalised_steps_allocate_nothing_per_step(tiny_checkpoint):
+    """The token history is built once with the sampler; steps without a penalised row never touch it."""
+    eng = _engine(tiny_checkpoint(seed=21), max_num_seqs=2)
+    state = eng.ctx.parts.sampler.penalties
+    assert state.counts.shape == (2, eng.ctx.shape.vocab_size) and state.nbytes == 2 * eng.ctx.shape.vocab_size * 5
+    assert eng.describe()["sampler"]["penalty_history_mib"] == round(state.nbytes / 2**20, 2)
+    eng.add_request("g", [4, 5], _greedy())
+    drain(eng)
+    assert int(state.counts.sum()) == 0 and not state.prompt.any()
+    eng.add_request("p", [4, 5], _greedy(frequency_penalty=1.0))
+    drain(eng)
+    assert int(state.counts.sum()) == 14 and int(state.prompt.sum()) == 2
+
+
+def test_a_sampler_without_a_token_history_refuses_penalised_requests(tiny_checkpoint):
+    """A feature's sampler that keeps no token history (no ``penalties``) must not drop penalties silently."""
+    from rlt.platform.engine.assembly import EngineAssembly
+    from rlt.platform.engine.sampler import build_sampling_batch, sample
+    from rlt.platform.platforms import detect_platform
+
+    class HistorylessSampler:
+        def __init__(self, ctx):
+            self.table, self.uploader = ctx.parts.slots, ctx.parts.uploader
+
+        def sample(self, logits, slots):
+            return sample(logits, build_sampling_batch(self.table, slots, self.uploader))
+
+    config = EngineConfig(model=str(tiny_checkpoint(seed=21)), dtype="float32", block_size=4)
+    assembly = EngineAssembly(detect_platform(config.device))
+    assembly.replace("sampler", HistorylessSampler, by="test")
+    eng = assembly.build_engine(config)
+    for field, value in (("repetition_penalty", 1.2), ("presence_penalty", 0.5), ("frequency_penalty", -1.0)):
+        with pytest.raises(InvalidRequestError, match=f"^{field}: .*keeps no token history") as info:
+            eng.add_request("p", [4, 5], _greedy(**{field: value}))
+        assert info.value.param == field
+    eng.add_request("g", [4, 5], _greedy())
+    assert len(drain(eng)["g"].token_ids) == 14
