@@ -34,7 +34,9 @@
 #      step against the 7.06 ms floor) — what the 6.2 % to the 2,500 target would come from; then C=128 end to end
 #      at step budgets of 16K (the harness default) and 32K tokens (lease 9 ran the budgets: 2,341 / 2,401)
 #   b2 the three fold sites one at a time (RLT_FOLD=attention / split_k / tiles; lease 9: none pays alone)
-#   a  the whole GPU suite; FA4's tests too when h installed it on this machine (/tmp/site)
+#   a  the whole GPU suite; FA4's tests too when h installed it on this machine (/tmp/site) — including, since
+#      2026-12-06, test_decode_gpu.py::test_penalised_decode_equals_the_penalised_oracle_fp32 (the penalties'
+#      token history on the GPU; never run there yet)
 #   d  self-speculation re-measured on this build (scripts/spec_h200.sh: d=1/2, K=2..8, measured acceptance)
 #   d2 the chains' new default --self-spec-chain-lag 1 (one step in flight while a chain is open; lease 6 measured
 #      --pipeline-depth 1 at +1-7 % for chains) against 2 (the old behaviour: the pipeline's depth) and 0, back to back

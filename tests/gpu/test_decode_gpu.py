@@ -137,6 +137,40 @@ def test_pipelined_graph_decode_equals_eager_fp32(tiny_checkpoint, threshold):
     torch.cuda.synchronize()
 
 
+@pytest.mark.parametrize("device_exit", [False, True])
+def test_penalised_decode_equals_the_penalised_oracle_fp32(tiny_checkpoint, device_exit):
+    """Repetition / frequency / presence penalties with graphs and the pipeline (lagged steps at fixed
+    depth; device-planned steps under adaptive exit): the token history on the GPU (index_add of the
+    committed tokens, the open steps' exit mask) gives the oracle's penalised greedy tokens."""
+    from rlt.decode.feature import PipelineOptions
+    from rlt.platform import SamplingParams
+    from rlt.platform.checkpoint import load_checkpoint
+    from rlt.platform.models.ouro_reference import reference_generate
+
+    path = tiny_checkpoint(seed=36, gate_bias=0.5, num_hidden_layers=2, hidden_size=64, head_dim=16)
+    eager, piped = _engines(path, "float32", options={"pipeline": PipelineOptions(device_exit=device_exit)},
+                            block_size=16)
+    prompts = random_prompts(6, 320, seed=13)
+    settings = [(0.0, 1.25, 1.0), (0.0, 0.0, 2.0), (1.5, 0.5, 1.5), (0.0, 0.0, 1.0), (-0.5, 0.0, 0.5), (0.0, 2.0, 1.0)]
+    threshold = 0.6 if device_exit else 1.0
+    params = [SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, exit_threshold=threshold,
+                             presence_penalty=p, frequency_penalty=f, repetition_penalty=r) for p, f, r in settings]
+    got = run_prompts(piped, prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in run_prompts(eager, prompts, params)]
+    ck = load_checkpoint(path, dtype=torch.float32)
+    ref = ck.family.build_reference(ck.config, ck.weights)
+    for prompt, out, s in zip(prompts, got, settings):
+        want, depths = reference_generate(ref, prompt, max_tokens=16, exit_threshold=threshold, penalties=s)
+        assert list(out.token_ids) == want and list(out.exit_depths) == depths, s
+    info = piped.describe()["executor"]
+    assert info["graphs"] and info["steps"].get("graph_replays", 0) > 0
+    if device_exit:
+        assert info["pipeline"]["device_exit"]["device_planned_steps"] > 0
+    else:
+        assert info["pipeline"]["lagged_steps"] > 0
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("env,module_name,key", [("RLT_PDL", "pdl", "pdl"), ("RLT_FOLD", "fold", "fold"),
                                                   ("RLT_PREFETCH", "pdl", "weight_prefetch")])
 def test_device_side_switches_change_nothing(tiny_checkpoint, monkeypatch, env, module_name, key):
