@@ -320,6 +320,10 @@ def test_penalties_count_only_the_rows_that_exit(tiny_checkpoint):
     settings = [(0.0, 1.25, 1.0), (0.0, 0.0, 2.0), (1.5, 0.5, 1.5), (0.0, 0.0, 1.0), (-0.5, 0.0, 0.5), (0.0, 2.0, 1.0)]
     params = [attrs_evolve(sp, presence_penalty=p, frequency_penalty=f, repetition_penalty=r)
               for sp, (p, f, r) in zip(adaptive_params(max_tokens=12), settings)]
+    # and seeded sampled ones (device-planned seeds and history alike), the same tokens in every path
+    ps += prompts(2, seed=10)
+    params += [attrs_evolve(sp, temperature=0.9, seed=5 + i, frequency_penalty=1.5, repetition_penalty=1.3)
+               for i, sp in enumerate(adaptive_params(max_tokens=12)[:2])]
     got = run_alike(planned, (base, plain), ps, params, arrive_every=3)
     ref = oracle(path)
     for p, o, (t, lo, hi), s in zip(ps, got, ADAPTIVE, settings):

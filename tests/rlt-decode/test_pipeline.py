@@ -234,6 +234,10 @@ def test_penalties_count_tokens_still_in_flight(tiny_checkpoint, depth):
     settings = [(0.0, 1.25, 1.0), (0.0, 0.0, 2.0), (0.0, 0.0, 1.0), (1.5, 0.5, 1.5), (-0.5, 0.0, 0.5)]
     params = [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, presence_penalty=p, frequency_penalty=f,
                              repetition_penalty=r) for p, f, r in settings]
+    # and seeded sampled ones, the same tokens in every path
+    ps += prompts(2, seed=9)
+    params += [SamplingParams(max_tokens=12, temperature=0.9, seed=5 + i, ignore_eos=True, frequency_penalty=1.5,
+                              repetition_penalty=1.3) for i in range(2)]
     got = run_alike(piped, (base, sync), ps, params, arrive_every=2)
     ref = oracle(path)
     for p, o, s in zip(ps, got, settings):

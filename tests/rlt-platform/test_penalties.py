@@ -40,8 +40,10 @@ def test_vectorised_penalties_equal_the_token_by_token_definition():
 
 
 def test_extreme_repetition_penalties_stay_finite():
-    """The largest and smallest accepted penalties saturate penalised logits at +-float32 max (a banned
-    token stays -inf): a sampled row's distribution stays a distribution."""
+    """The smallest and largest accepted penalties saturate penalised logits at +-SATURATE (a banned token
+    stays -inf), so that a sampled row's logits stay finite after temperature down to its floor."""
+    from rlt.platform.engine.penalties import SATURATE
+    from rlt.platform.engine.sampler import SamplingBatch, sampling_logits, suppressed_logits
     from rlt.platform.sampling_params import FLOAT32_MAX, FLOAT32_TINY
 
     logits = torch.tensor([[5.0, -2.0, float("-inf"), 1.0]] * 2)
@@ -49,12 +51,18 @@ def test_extreme_repetition_penalties_stay_finite():
     pb = PenaltyBatch(torch.zeros(2, 4, dtype=torch.int32), seen, torch.zeros(2), torch.zeros(2),
                       torch.tensor([FLOAT32_TINY, FLOAT32_MAX], dtype=torch.float32))
     got = apply_penalties(logits, pb)
-    big = torch.finfo(torch.float32).max
     f32 = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
-    assert got.tolist() == [[big, float(f32(-2.0) * f32(FLOAT32_TINY)), float("-inf"), 1.0],
-                            [float(f32(5.0) / f32(FLOAT32_MAX)), -big, float("-inf"), 1.0]]
-    assert torch.isfinite(torch.softmax(got, -1)).all()
-    assert SamplingParams(repetition_penalty=FLOAT32_TINY).penalized and SamplingParams(repetition_penalty=FLOAT32_MAX).penalized
+    assert got.tolist() == [[float(f32(SATURATE)), float(f32(-2.0) * f32(FLOAT32_TINY)), float("-inf"), 1.0],
+                            [float(f32(5.0) / f32(FLOAT32_MAX)), float(f32(-SATURATE)), float("-inf"), 1.0]]
+    m = 2
+    full = lambda v: torch.full((m,), v, dtype=torch.float32)  # noqa: E731
+    batch = SamplingBatch(temperature=full(1e-6), top_p=full(0.9), top_k=torch.zeros(m, dtype=torch.int64),
+                          min_p=None, seed_lo=torch.arange(m), seed_hi=torch.zeros(m, dtype=torch.int64),
+                          step=torch.zeros(m, dtype=torch.int64), suppress=None, bias_ids=None, bias_vals=None,
+                          all_greedy=False, any_top=True, any_min_p=False, max_logprobs=-1, penalties=pb)
+    scaled = sampling_logits(suppressed_logits(logits, batch), batch)
+    assert not torch.isnan(scaled).any() and not (scaled == float("inf")).any()
+    assert torch.isfinite(torch.softmax(scaled, -1)).all()
 
 
 def _engine(path, **kw):
@@ -190,3 +198,36 @@ def test_a_sampler_without_a_token_history_refuses_penalised_requests(tiny_check
         assert info.value.param == field
     eng.add_request("g", [4, 5], _greedy())
     assert len(drain(eng)["g"].token_ids) == 14
+
+
+def test_one_upload_per_penalised_step_and_pending_rebuilds():
+    """A penalised step's parameters ride in its one sampling upload; a slot's pending history rebuild is
+    dropped when an unpenalised request takes the slot, and survives a failed rebuild of another slot."""
+    from types import SimpleNamespace
+
+    from rlt.platform.engine.sampler import TokenSampler
+    from rlt.platform.engine.slots import SlotTable
+    from test_sampling import _Uploads
+
+    table = SlotTable(3)
+    req = lambda prompt, **kw: SimpleNamespace(  # noqa: E731
+        params=SamplingParams(temperature=0.7, seed=1, **kw), stop_token_ids=(), min_loops=1, max_loops=4,
+        exit_threshold=1.0, seed=1, prompt_token_ids=prompt, output_token_ids=[])
+    up = _Uploads()
+    sampler = TokenSampler(slots=table, uploader=up, vocab_size=8, device=torch.device("cpu"))
+    table.assign(0, req([1, 2], repetition_penalty=1.5))
+    table.assign(1, req([3], frequency_penalty=1.0))
+    table.assign(1, req([3]))  # slot 1 reassigned, unpenalised: its pending rebuild goes
+    assert list(table.penalty_resets) == [0]
+    sampler.sample(torch.zeros(2, 8), np.array([0, 1]))
+    assert len(up.calls) == 1 and {"pen_slots", "presence", "frequency", "repetition"} <= set(up.calls[0])
+    assert sampler.penalties.prompt[0].tolist() == [False, True, True] + [False] * 5 and not table.penalty_resets
+    assert int(sampler.penalties.counts[0].sum()) == 1  # its sampled token counted
+    table.assign(2, req([9], presence_penalty=1.0))  # 9: outside this 8-token vocabulary, the rebuild fails
+    table.assign(1, req([4], presence_penalty=1.0))
+    with pytest.raises(IndexError):
+        sampler.sample(torch.zeros(1, 8), np.array([1]))
+    assert set(table.penalty_resets) == {1, 2}  # neither was rebuilt: both stay pending
+    table.assign(2, req([5], presence_penalty=1.0))
+    sampler.sample(torch.zeros(2, 8), np.array([1, 2]))
+    assert not table.penalty_resets and sampler.penalties.prompt[1, 4] and sampler.penalties.prompt[2, 5]

@@ -14,7 +14,8 @@ The history lives on the device because sampled tokens may never visit the host 
 step samples (rlt-decode's lagged and device-planned steps): :class:`PenaltyState` holds, per
 slot, how often each vocabulary id was generated (int32 ``[slots, vocab]``) and whether it is in
 the prompt (bool ``[slots, vocab]``) — allocated when the sampler is built (``max_num_seqs × vocab
-× 5`` bytes, out of the memory the KV sizing leaves), used only by steps with a penalised row.
+× 5`` bytes, out of the memory the KV sizing leaves), used only by steps with a penalised row, whose
+parameters ride in the step's one sampling upload (:func:`penalty_arrays`).
 A slot's history is rebuilt from its request (prompt, recorded output: a resumed request's too) by
 the first penalised step after the slot was assigned; every penalised step then adds the tokens
 it commits (a step whose exits only the device knows passes the exit mask). Rows of other slots
@@ -28,6 +29,8 @@ import attrs
 import numpy as np
 import torch
 
+from rlt.platform.engine.staging import to_device
+
 
 @attrs.frozen(eq=False)
 class PenaltyBatch:
@@ -40,17 +43,27 @@ class PenaltyBatch:
     repetition: torch.Tensor  # [M] fp32
 
 
+#: penalised logits saturate here: finite after temperature's division down to its 1e-6 floor (the sampler's)
+SATURATE = 1.0e30
+
+
 def apply_penalties(logits: torch.Tensor, pb: PenaltyBatch) -> torch.Tensor:
     """``logits`` [M, vocab] fp32 penalised (a new tensor); -inf (a banned token) stays -inf, and an
-    extreme repetition penalty saturates a finite logit at the largest float32 rather than at infinity
-    (so a sampled row's softmax never sees inf - inf)."""
+    extreme repetition penalty saturates a finite logit at +-``SATURATE`` rather than at infinity (so
+    a sampled row's scaled logits never hold inf, nor its softmax inf - inf)."""
     generated = pb.counts > 0
     rep = pb.repetition[:, None]
-    big = torch.finfo(torch.float32).max
-    repeated = torch.where(logits > 0, (logits / rep).clamp_max(big),
-                           torch.where(logits == float("-inf"), logits, (logits * rep).clamp_min(-big)))
+    repeated = torch.where(logits > 0, (logits / rep).clamp_max(SATURATE),
+                           torch.where(logits == float("-inf"), logits, (logits * rep).clamp_min(-SATURATE)))
     logits = torch.where(generated | pb.prompt, repeated, logits)
     return logits - pb.frequency[:, None] * pb.counts - pb.presence[:, None] * generated
+
+
+def penalty_arrays(table, slots: np.ndarray) -> dict[str, np.ndarray]:
+    """The host columns a step with a penalised row uploads (with the rest of its sampling parameters,
+    in one upload: :func:`sampler.build_sampling_batch`) for :meth:`PenaltyState.gather`."""
+    return {"pen_slots": slots.astype(np.int64), "presence": table.presence_penalty[slots],
+            "frequency": table.frequency_penalty[slots], "repetition": table.repetition_penalty[slots]}
 
 
 class PenaltyState:
@@ -68,30 +81,28 @@ class PenaltyState:
 
     def _rebuild(self) -> None:
         """The history of every slot assigned a penalised request since the last penalised step:
-        its prompt's tokens and its recorded output's counts."""
-        pending, self.table.penalty_resets = self.table.penalty_resets, {}
-        vocab = self.counts.shape[1]
-        for slot, req in pending.items():
+        its prompt's tokens and its recorded output's counts. A slot leaves the pending set only once
+        rebuilt (a failure leaves the rest pending); the copies wait for nothing (``to_device``)."""
+        pending = self.table.penalty_resets
+        dev = self.counts.device
+        for slot in list(pending):
+            req = pending[slot]
             self.counts[slot].zero_()
             self.prompt[slot].zero_()
-            dev = self.counts.device
-            prompt = torch.as_tensor(req.prompt_token_ids, dtype=torch.int64).clamp(0, vocab - 1).to(dev)
-            self.prompt[slot].index_fill_(0, prompt, True)
+            self.prompt[slot].index_fill_(0, to_device(np.asarray(req.prompt_token_ids, np.int64), dev), True)
             if req.output_token_ids:
-                out = torch.as_tensor(req.output_token_ids, dtype=torch.int64).to(dev)
-                self.counts[slot] = torch.bincount(out, minlength=vocab)[:vocab].to(torch.int32)
+                out = to_device(np.asarray(req.output_token_ids, np.int64), dev)
+                self.counts[slot].index_add_(0, out, torch.ones_like(out, dtype=torch.int32))
+            del pending[slot]
 
-    def gather(self, slots: np.ndarray, uploader) -> tuple[PenaltyBatch, torch.Tensor]:
-        """The penalties of rows at ``slots`` (after rebuilding any newly assigned slot's history),
-        and the slots on the device (for :meth:`commit`)."""
+    def gather(self, args: dict[str, torch.Tensor]) -> tuple[PenaltyBatch, torch.Tensor]:
+        """The penalties of a step's rows from their uploaded :func:`penalty_arrays` (after rebuilding
+        any newly assigned slot's history), and the rows' slots on the device (for :meth:`commit`)."""
         if self.table.penalty_resets:
             self._rebuild()
-        t = self.table
-        dev = uploader.upload({"slots": slots.astype(np.int64), "presence": t.presence_penalty[slots],
-                               "frequency": t.frequency_penalty[slots], "repetition": t.repetition_penalty[slots]})
-        at = dev["slots"]
+        at = args["pen_slots"]
         batch = PenaltyBatch(self.counts.index_select(0, at), self.prompt.index_select(0, at),
-                             dev["presence"], dev["frequency"], dev["repetition"])
+                             args["presence"], args["frequency"], args["repetition"])
         return batch, at
 
     def commit(self, slots_dev: torch.Tensor, tokens: torch.Tensor, committed: torch.Tensor | None) -> None:

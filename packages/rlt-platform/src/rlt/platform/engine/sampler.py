@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 import torch
 
-from rlt.platform.engine.penalties import PenaltyBatch, PenaltyState, apply_penalties
+from rlt.platform.engine.penalties import PenaltyBatch, PenaltyState, apply_penalties, penalty_arrays
 
 _M32 = 0xFFFFFFFF
 
@@ -65,8 +65,10 @@ class SamplingBatch:
     any_top: bool
     any_min_p: bool
     max_logprobs: int  # -1: none requested
-    #: repetition / frequency / presence penalties, or None when no row has any (set by the sampler
-    #: that owns the token history, :class:`TokenSampler`)
+    #: the uploaded penalty parameters (:func:`penalties.penalty_arrays`) when a row is penalised, else None
+    penalty_args: dict[str, torch.Tensor] | None = None
+    #: repetition / frequency / presence penalties with the rows' token history, or None (set from
+    #: ``penalty_args`` by the sampler that owns the history, :class:`TokenSampler`)
     penalties: PenaltyBatch | None = None
 
 
@@ -191,6 +193,9 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
             else:
                 arrays["min_tokens"] = min_tokens
             arrays["suppress"] = ids
+    penalised = bool(table.penalized[slots].any())
+    if penalised:
+        arrays.update(penalty_arrays(table, slots))
     width = int(table.bias_len[slots].max()) if len(slots) else 0
     if width:  # only as many columns as the step's widest logit_bias (one wide request never taxes the rest)
         arrays["bias_ids"], arrays["bias_vals"] = table.bias_ids[slots, :width], table.bias_vals[slots, :width]
@@ -208,6 +213,7 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
         all_greedy=all_greedy, any_top=bool(((top_k > 0) | (top_p < 1.0)).any()),
         any_min_p=any_min_p,
         max_logprobs=int(lp.max()) if len(lp) else -1,
+        penalty_args={k: dev[k] for k in ("pen_slots", "presence", "frequency", "repetition")} if penalised else None,
     )
 
 
@@ -232,9 +238,9 @@ class TokenSampler:
         (:func:`build_sampling_batch`); ``committed``: bool ``[M]`` on the device, the rows whose token
         is produced (None: every row) — a step whose exits only the device knows samples every row."""
         batch = build_sampling_batch(self.slots, slots, self.uploader, device_steps=device_steps)
-        if not self.slots.penalized[slots].any():
+        if batch.penalty_args is None:
             return sample(logits, batch)
-        pb, at = self.penalties.gather(slots, self.uploader)
+        pb, at = self.penalties.gather(batch.penalty_args)
         out = sample(logits, attrs.evolve(batch, penalties=pb))
         self.penalties.commit(at, out.token_ids, committed)
         return out

@@ -78,6 +78,8 @@ class SlotTable:
         self.penalized[slot] = p.penalized
         if p.penalized:
             self.penalty_resets[slot] = req
+        else:  # an earlier owner's pending rebuild: nobody reads this slot's history now
+            self.penalty_resets.pop(slot, None)
         if p.logit_bias:
             ids, vals = zip(*p.logit_bias)
             self.bias_ids[slot, : len(ids)] = ids
