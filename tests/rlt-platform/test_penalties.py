@@ -32,7 +32,7 @@ def test_vectorised_penalties_equal_the_token_by_token_definition():
         prompt[i, p] = True
         counts[i] = torch.bincount(torch.tensor(out, dtype=torch.int64), minlength=vocab).int()
     pres, freq, rep = (torch.tensor(col, dtype=torch.float32) for col in zip(*SETTINGS))
-    got = apply_penalties(logits, PenaltyBatch(counts, prompt, pres, freq, rep))
+    got = apply_penalties(logits, PenaltyBatch(torch.arange(m), counts, prompt, pres, freq, rep))
     for i, ((p, out), s) in enumerate(zip(histories, SETTINGS)):
         assert torch.equal(got[i], penalised(logits[i], p, out, *s)), (i, s)
     assert got[0, 5] == float("-inf")
@@ -48,7 +48,7 @@ def test_extreme_repetition_penalties_stay_finite():
 
     logits = torch.tensor([[5.0, -2.0, float("-inf"), 1.0]] * 2)
     seen = torch.tensor([[True, True, True, False]] * 2)
-    pb = PenaltyBatch(torch.zeros(2, 4, dtype=torch.int32), seen, torch.zeros(2), torch.zeros(2),
+    pb = PenaltyBatch(torch.arange(2), torch.zeros(2, 4, dtype=torch.int32), seen, torch.zeros(2), torch.zeros(2),
                       torch.tensor([FLOAT32_TINY, FLOAT32_MAX], dtype=torch.float32))
     got = apply_penalties(logits, pb)
     f32 = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
@@ -118,7 +118,7 @@ def test_sampled_rows_draw_from_the_penalised_distribution():
     counts = torch.tensor([[0, 2, 0, 1]], dtype=torch.int32).expand(m, -1)
     prompt = torch.tensor([[True, False, False, True]]).expand(m, -1)
     full = lambda v: torch.full((m,), v, dtype=torch.float32)  # noqa: E731
-    pb = PenaltyBatch(counts, prompt, full(0.25), full(0.5), full(2.0))
+    pb = PenaltyBatch(torch.zeros(m, dtype=torch.int64), counts, prompt, full(0.25), full(0.5), full(2.0))
     batch = SamplingBatch(temperature=full(0.8), top_p=full(1.0), top_k=torch.zeros(m, dtype=torch.int64),
                           min_p=None, seed_lo=torch.arange(m), seed_hi=torch.zeros(m, dtype=torch.int64),
                           step=torch.zeros(m, dtype=torch.int64), suppress=None, bias_ids=None, bias_vals=None,

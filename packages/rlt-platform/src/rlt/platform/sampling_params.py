@@ -42,6 +42,8 @@ INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 #: the largest finite float32 (temperature and top_p are float32 on the device)
 FLOAT32_MAX = 3.4028234663852886e38
+#: the penalties and their off values
+PENALTIES_OFF = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 #: the smallest normal float32 (repetition_penalty divides logits on the device: it must not round to 0)
 FLOAT32_TINY = 1.1754943508222875e-38
 
@@ -217,9 +219,13 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
+    def penalties_on(self) -> tuple[str, ...]:
+        """The names of the repetition / frequency / presence penalties not at their off value."""
+        return tuple(name for name, off in PENALTIES_OFF.items() if getattr(self, name) != off)
+
+    @property
     def penalized(self) -> bool:
-        """Whether any of the repetition / frequency / presence penalties is on."""
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+        return bool(self.penalties_on)
 
     def with_(self, **changes) -> "SamplingParams":
         return attrs.evolve(self, **changes)

@@ -72,8 +72,7 @@ class InputProcessor:
                                       "cannot compute prompt logprobs; leave prompt_logprobs unset", "prompt_logprobs")
         sampler = ctx.parts.sampler
         if params.penalized and getattr(sampler, "penalties", None) is None:
-            field = next(f for f in ("repetition_penalty", "frequency_penalty", "presence_penalty")
-                         if getattr(params, f) != (1.0 if f == "repetition_penalty" else 0.0))
+            field = params.penalties_on[0]
             raise InvalidRequestError(f"{field}: this engine's sampler ({type(sampler).__name__}) keeps no token "
                                       "history for penalties; leave the penalties at their defaults", field)
         if params.speculation is not None and not getattr(self.scheduler, "accepts_speculation", False):

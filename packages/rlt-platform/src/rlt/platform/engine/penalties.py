@@ -36,6 +36,7 @@ from rlt.platform.engine.staging import to_device
 class PenaltyBatch:
     """The penalties of a step's sampled rows (device tensors, row-aligned with the logits)."""
 
+    slots: torch.Tensor  # [M] int64: the rows' slots (where :meth:`PenaltyState.commit` counts their tokens)
     counts: torch.Tensor  # [M, vocab] int32: times each token was generated
     prompt: torch.Tensor  # [M, vocab] bool: in the prompt
     presence: torch.Tensor  # [M] fp32
@@ -95,19 +96,17 @@ class PenaltyState:
                 self.counts[slot].index_add_(0, out, torch.ones_like(out, dtype=torch.int32))
             del pending[slot]
 
-    def gather(self, args: dict[str, torch.Tensor]) -> tuple[PenaltyBatch, torch.Tensor]:
+    def gather(self, dev: dict[str, torch.Tensor]) -> PenaltyBatch:
         """The penalties of a step's rows from their uploaded :func:`penalty_arrays` (after rebuilding
-        any newly assigned slot's history), and the rows' slots on the device (for :meth:`commit`)."""
+        any newly assigned slot's history)."""
         if self.table.penalty_resets:
             self._rebuild()
-        at = args["pen_slots"]
-        batch = PenaltyBatch(self.counts.index_select(0, at), self.prompt.index_select(0, at),
-                             args["presence"], args["frequency"], args["repetition"])
-        return batch, at
+        at = dev["pen_slots"]
+        return PenaltyBatch(at, self.counts.index_select(0, at), self.prompt.index_select(0, at),
+                            dev["presence"], dev["frequency"], dev["repetition"])
 
-    def commit(self, slots_dev: torch.Tensor, tokens: torch.Tensor, committed: torch.Tensor | None) -> None:
-        """Count ``tokens`` [M] for their rows' slots; ``committed`` (bool [M], or None: all) masks the
-        rows whose token counts (a step whose exits only the device knows samples every row)."""
+    def commit(self, pb: PenaltyBatch, tokens: torch.Tensor, committed: torch.Tensor | None) -> None:
+        """Count ``tokens`` [M] for the rows of ``pb`` at their slots; ``committed`` (bool [M], or None: all)
+        masks the rows whose token counts (a step whose exits only the device knows samples every row)."""
         ones = torch.ones_like(tokens, dtype=torch.int32) if committed is None else committed.to(torch.int32)
-        flat = slots_dev * self.counts.shape[1] + tokens
-        self.counts.view(-1).index_add_(0, flat, ones)
+        self.counts.view(-1).index_add_(0, pb.slots * self.counts.shape[1] + tokens, ones)

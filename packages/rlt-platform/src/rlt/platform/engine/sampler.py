@@ -65,10 +65,8 @@ class SamplingBatch:
     any_top: bool
     any_min_p: bool
     max_logprobs: int  # -1: none requested
-    #: the uploaded penalty parameters (:func:`penalties.penalty_arrays`) when a row is penalised, else None
-    penalty_args: dict[str, torch.Tensor] | None = None
-    #: repetition / frequency / presence penalties with the rows' token history, or None (set from
-    #: ``penalty_args`` by the sampler that owns the history, :class:`TokenSampler`)
+    #: repetition / frequency / presence penalties with the rows' token history, or None when no row has
+    #: any (or the batch was built without the history: rlt-spec's rows, which never have any)
     penalties: PenaltyBatch | None = None
 
 
@@ -159,7 +157,7 @@ def split_seed(seed: int) -> tuple[int, int]:
 
 
 def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.ndarray | None = None,
-                         device_steps: torch.Tensor | None = None) -> SamplingBatch:
+                         device_steps: torch.Tensor | None = None, history: PenaltyState | None = None) -> SamplingBatch:
     """Gather the sampling parameters of ``slots`` from the host slot table (no per-row Python).
 
     ``step_offsets``: per row, how many tokens past the slot's generated count the row samples
@@ -167,7 +165,8 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
     ``device_steps``: per row, the generated count as a device tensor (int64), where only the
     device knows it (rows whose earlier exits the host has not read: rlt-decode's device-planned
     steps); the slot table's count is then a lower bound, used only to skip the min_tokens
-    suppression when every row is past it."""
+    suppression when every row is past it. ``history``: the penalties' token history; with it, a
+    step with a penalised row gets its ``penalties`` (parameters in the same one upload)."""
     temp = table.temperature[slots]
     top_p = table.top_p[slots]
     top_k = table.top_k[slots]
@@ -193,8 +192,8 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
             else:
                 arrays["min_tokens"] = min_tokens
             arrays["suppress"] = ids
-    penalised = bool(table.penalized[slots].any())
-    if penalised:
+    penalised = history is not None and bool(table.penalized[slots].any())
+    if penalised:  # in the same one upload
         arrays.update(penalty_arrays(table, slots))
     width = int(table.bias_len[slots].max()) if len(slots) else 0
     if width:  # only as many columns as the step's widest logit_bias (one wide request never taxes the rest)
@@ -213,7 +212,7 @@ def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.nd
         all_greedy=all_greedy, any_top=bool(((top_k > 0) | (top_p < 1.0)).any()),
         any_min_p=any_min_p,
         max_logprobs=int(lp.max()) if len(lp) else -1,
-        penalty_args={k: dev[k] for k in ("pen_slots", "presence", "frequency", "repetition")} if penalised else None,
+        penalties=history.gather(dev) if penalised else None,
     )
 
 
@@ -237,10 +236,9 @@ class TokenSampler:
         """``device_steps``: the rows' generated counts where only the device knows them
         (:func:`build_sampling_batch`); ``committed``: bool ``[M]`` on the device, the rows whose token
         is produced (None: every row) — a step whose exits only the device knows samples every row."""
-        batch = build_sampling_batch(self.slots, slots, self.uploader, device_steps=device_steps)
-        if batch.penalty_args is None:
-            return sample(logits, batch)
-        pb, at = self.penalties.gather(batch.penalty_args)
-        out = sample(logits, attrs.evolve(batch, penalties=pb))
-        self.penalties.commit(at, out.token_ids, committed)
+        batch = build_sampling_batch(self.slots, slots, self.uploader, device_steps=device_steps,
+                                     history=self.penalties)
+        out = sample(logits, batch)
+        if batch.penalties is not None:
+            self.penalties.commit(batch.penalties, out.token_ids, committed)
         return out
