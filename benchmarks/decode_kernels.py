@@ -371,6 +371,17 @@ def tile_overrides(linear: list[dict], min_gain: float = 0.03) -> str:
         if row["best_us"] < row["fused_us"] * (1 - min_gain):
             tiles = "x".join(str(int(v)) for v in row["best_tiles"])
             entries.append(f"{TILE_KIND[shape]}:{rows}={tiles}/{row['best_splits']}")
+    # The split-K plans (o_proj, down_proj): one ``split_k`` entry per row count serves both shapes, so it gives
+    # tiles only (each shape keeps the rule's split count) — the largest saving among best plans that kept it.
+    split: dict[int, tuple[float, dict]] = {}
+    for row in linear:
+        if "split_best_us" not in row or row["split_best_plan"][1] != row["split_plan"][1]:
+            continue
+        saving = row["split_norm_us"] - row["split_best_us"]
+        if row["split_best_us"] < row["split_norm_us"] * (1 - min_gain) and saving > split.get(row["rows"], (0.0,))[0]:
+            split[row["rows"]] = (saving, row)
+    for rows, (_, row) in split.items():
+        entries.append(f"split_k:{rows}=" + "x".join(str(int(v)) for v in row["split_best_plan"][0]))
     return ",".join(entries)
 
 

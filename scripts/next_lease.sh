@@ -22,6 +22,10 @@
 #   g5 the C=128 decode step's projections at 128 rows (above the fused gate/up + SiLU and split-K limits, 64): the
 #      kernels with X / W through TMA against cuBLAS + the elementwise kernels, a tile / split-plan sweep; then C=128
 #      1K/128 end to end with rlt-decode + rlt-prefill, default against RLT_FUSED_ROWS=silu_mul=128,split_k=128
+#   g6 (needs an H200: C=128 does not fit 80 GB) g5 with its sweep's winners: the 128-row sweep on this device, then
+#      C=128 1K/128 end to end: default, the winners' tiles (RLT_LINEAR_TILES; split-K plans too, kind split_k),
+#      and the tiles with the gate/up + SiLU and split-K kernels serving 128 rows (RLT_FUSED_ROWS) — lease 11 ran g5
+#      on an H100, where C=128 ran only 73 / 65 rows (memory), so its end-to-end half compared nothing
 #   g2 (after g and g3; TILES_JSON=<their tiles.json, comma-separated> if their results came back to the repo) C=1
 #      and C=64 decode with the sweeps' winners (RLT_LINEAR_TILES, those > 3 % faster than the default) against the
 #      default, back to back
@@ -45,7 +49,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3, g4, g5, n}
+CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3, g4, g5, g6, n}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -116,6 +120,12 @@ case $CALL in
     sweep 280 128 "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --tma
     SKIP_TESTS=1 VARIANTS="full fullrows" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=140 \
       ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
+  g6)
+    sweep 240 128 "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --tma
+    TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "$R/tiles.json") || exit 1
+    echo "RLT_LINEAR_TILES=${TILES:-(none beat the default by 3 %)}" | tee "$R/tiles.txt"
+    [ -n "$TILES" ] && SKIP_TESTS=1 TILES="$TILES" VARIANTS="full fulltiles fullrowstiles" BENCH_ARGS=--no-sync-steps \
+      BENCH_TIMEOUT=110 ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
   g2)
     SWEEPS=${TILES_JSON:-$OUT/g/tiles.json,$OUT/g3/tiles.json}
     for f in ${SWEEPS//,/ }; do [ -f "$f" ] || echo "no sweep results at $f"; done

@@ -167,12 +167,21 @@ def test_tile_overrides_from_a_sweep():
         {"shape": "gate_up+silu", "rows": 64, "fused_us": 16.5, "best_us": 16.2, "best_tiles": [64, 64, 128, 8, 3], "best_splits": 1},
         {"shape": "gate_up+silu", "rows": 1, "fused_us": 14.1, "best_us": 12.0, "best_tiles": [16, 16, 256, 4, 4], "best_splits": 1},
         {"shape": "gate_up+silu", "rows": 4, "fused_us": 14.3},             # not swept
-        {"shape": "o_proj", "rows": 64, "unfused_us": 8.0},                  # not a fused kind
+        {"shape": "o_proj", "rows": 64, "unfused_us": 8.0},                  # not swept
+        # split-K plans at 128 rows: down_proj saves the most; o_proj's best changed the split count (left out)
+        {"shape": "o_proj", "rows": 128, "split_plan": [[64, 32, 128, 4, 4, True], 2], "split_norm_us": 9.0,
+         "split_best_us": 7.0, "split_best_plan": [[64, 64, 128, 4, 4, True], 4]},
+        {"shape": "down_proj", "rows": 128, "split_plan": [[64, 32, 128, 4, 4, True], 4], "split_norm_us": 20.0,
+         "split_best_us": 14.2, "split_best_plan": [[128, 64, 128, 4, 4, True], 4]},
+        {"shape": "down_proj", "rows": 64, "split_plan": [[64, 32, 128, 4, 4, True], 4], "split_norm_us": 12.0,
+         "split_best_us": 11.9, "split_best_plan": [[64, 64, 128, 4, 4, True], 4]},   # under 3 %
     ]
     text = tile_overrides(rows)
-    assert text == "rope_kv:64=64x64x128x8x3/2,silu_mul:1=16x16x256x4x4/1"   # gate/up at 64 rows: only 1.8 % faster
-    assert parse_tile_overrides(text) == {("rope_kv", False): (Tiles(64, 64, 128, 8, 3), 2),
-                                          ("silu_mul", True): (Tiles(16, 16, 256, 4, 4), 1)}
+    # gate/up at 64 rows: only 1.8 % faster
+    assert text == "rope_kv:64=64x64x128x8x3/2,silu_mul:1=16x16x256x4x4/1,split_k:128=128x64x128x4x4x1"
+    assert parse_tile_overrides(text) == {("rope_kv", 1): (Tiles(64, 64, 128, 8, 3), 2),
+                                          ("silu_mul", 0): (Tiles(16, 16, 256, 4, 4), 1),
+                                          ("split_k", 2): (Tiles(128, 64, 128, 4, 4, True), None)}
     assert tile_overrides(rows, min_gain=0.5) == ""
     # two sweeps' rows together (the pointer sweep and the TMA one): each shape's best over both
     tma = [{"shape": "gate_up+silu", "rows": 64, "fused_us": 16.5, "best_us": 13.0,
@@ -180,5 +189,6 @@ def test_tile_overrides_from_a_sweep():
            {"shape": "qkv+rope+kv", "rows": 64, "fused_us": 12.1, "best_us": 9.5,
             "best_tiles": [64, 64, 128, 8, 3, True], "best_splits": 1}]
     text = tile_overrides(rows + tma)
-    assert text == "rope_kv:64=64x64x128x8x3/2,silu_mul:64=64x64x128x8x3x1/2,silu_mul:1=16x16x256x4x4/1"
-    assert parse_tile_overrides(text)[("silu_mul", False)] == (Tiles(64, 64, 128, 8, 3, True), 2)
+    assert text == ("rope_kv:64=64x64x128x8x3/2,silu_mul:64=64x64x128x8x3x1/2,silu_mul:1=16x16x256x4x4/1,"
+                    "split_k:128=128x64x128x4x4x1")
+    assert parse_tile_overrides(text)[("silu_mul", 1)] == (Tiles(64, 64, 128, 8, 3, True), 2)

@@ -305,6 +305,20 @@ OVERRIDE_SCRIPT = textwrap.dedent("""
     qe, ke, ve, _ = rope_qk_(F.linear(x1, wq), cos, sin, nq, nkv, d, use_triton=False)
     for a, b in ((q, qe), (k, ke), (v, ve)):
         assert (a - b).abs().max() <= 1e-5 * b.abs().max() + 1e-3
+    assert fl._launch_shape(100, "silu_mul", None, None) == (fl._tiles(100, "silu_mul"), None)   # bucket 2: default
+    # split_k:128 — above 64 rows the split-K plans take its tiles (and the rule's counts); below, the rule's
+    big = fl.Tiles(128, 64, 128, 4, 4)
+    assert fl.split_plan(100, 2048, 5632) == fl.SplitPlan(big, 4)           # down_proj: 4 splits of 1408
+    assert fl.split_plan(100, 2048, 2048) == fl.SplitPlan(big, 2)           # o_proj: 2 splits of 1024
+    assert fl.split_plan(40, 2048, 5632).tiles.block_m == 64                # other bucket: the rule
+    assert fl.split_plan(100, 64, 2048 + 64).tiles != big                   # its K tiles do not divide: the rule
+    x = torch.randn(100, 2048, generator=g)
+    w = torch.randn(64, 2048, generator=g) * 0.03
+    plan = fl.split_plan(100, 64, 2048, 4)
+    assert plan.tiles == big, plan
+    got = fl.SplitSum(fl._launch_split_k(x, w, plan), x.dtype).total()
+    want = F.linear(x, w)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max() + 1e-4
     print("ok")
 """)
 
@@ -313,7 +327,7 @@ def test_linear_tiles_override_sets_the_launch_shape():
     """``RLT_LINEAR_TILES`` (a sweep's winner timed end to end): its bucket's launches take its tiles and K
     splits — without RLT_FOLD — and stay exact; other buckets keep the defaults."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "RLT_FOLD": "0",
-           "RLT_LINEAR_TILES": "silu_mul:64=64x64x128x8x3/2, rope_kv:1=16x16x128x4x3"}
+           "RLT_LINEAR_TILES": "silu_mul:64=64x64x128x8x3/2, rope_kv:1=16x16x128x4x3, split_k:128=128x64x128x4x4"}
     r = subprocess.run([sys.executable, "-c", OVERRIDE_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
 
@@ -322,10 +336,14 @@ def test_linear_tiles_override_parsing():
     parse = fused_linear.parse_tile_overrides
     assert parse("") == {}
     assert parse("rope_kv:64=64x32x128x4x4,silu_mul:1=16x32x128x4x4/4") == {
-        ("rope_kv", False): (fused_linear.Tiles(64, 32, 128, 4, 4), None),
-        ("silu_mul", True): (fused_linear.Tiles(16, 32, 128, 4, 4), 4)}
-    assert parse("silu_mul:64=64x64x128x8x3x1/2") == {("silu_mul", False): (fused_linear.Tiles(64, 64, 128, 8, 3, True), 2)}
-    assert parse("silu_mul:64=64x64x128x8x3x0")[("silu_mul", False)][0].tma is False
+        ("rope_kv", 1): (fused_linear.Tiles(64, 32, 128, 4, 4), None),
+        ("silu_mul", 0): (fused_linear.Tiles(16, 32, 128, 4, 4), 4)}
+    assert parse("silu_mul:64=64x64x128x8x3x1/2") == {("silu_mul", 1): (fused_linear.Tiles(64, 64, 128, 8, 3, True), 2)}
+    assert parse("silu_mul:64=64x64x128x8x3x0")[("silu_mul", 1)][0].tma is False
+    # three row buckets: at most 16 rows, 17-64 (C=64's steps), more (C=128's)
+    assert parse("rope_kv:16=16x32x128x4x4,rope_kv:17=64x32x128x4x4,rope_kv:65=128x32x128x4x4,split_k:128=128x64x128x4x4x1").keys() \
+        == {("rope_kv", 0), ("rope_kv", 1), ("rope_kv", 2), ("split_k", 2)}
+    assert [fused_linear.row_bucket(m) for m in (1, 16, 17, 64, 65, 128, 4096)] == [0, 0, 1, 1, 2, 2, 2]
     for bad in ("qkv:64=64x32x128x4x4", "rope_kv=64x32x128x4x4", "rope_kv:64=64x32x128x4", "rope_kv:64=8x32x128x4x4",
                 "rope_kv:64=64x48x128x4x4", "rope_kv:64=64x32x128x4x4/0", "rope_kv:0=64x32x128x4x4",
                 "silu_mul:64=64x32x128x4x4/two", "silu_mul:64=64x32x128x4x4x2", "silu_mul:64=64x32x128x4x4x1x1",

@@ -352,15 +352,25 @@ def _tiles(m: int, kind: str, tma: bool = False) -> Tiles:
     return Tiles(64, 32, 128, 4, 4 if kind == "rope_kv" else 3)
 
 
-TILE_KINDS = ("rope_kv", "silu_mul")
+TILE_KINDS = ("rope_kv", "silu_mul", "split_k")
+
+#: Row-count buckets of launch-shape overrides: at most 16 rows, at most 64 (C=64's decode steps), more.
+ROW_BUCKETS = (16, 64)
+
+
+def row_bucket(m: int) -> int:
+    """The :data:`ROW_BUCKETS` bucket of ``m`` rows: 0 (at most 16), 1 (at most 64) or 2 (more)."""
+    return sum(m > b for b in ROW_BUCKETS)
 
 
 def parse_tile_overrides(text: str) -> dict[tuple[str, bool], tuple[Tiles, int | None]]:
     """``RLT_LINEAR_TILES``: comma-separated ``KIND:ROWS=BMxBNxBKxWARPSxSTAGES[xTMA][/SPLITS]`` (KIND one of
-    :data:`TILE_KINDS`; TMA 1: :attr:`Tiles.tma`), e.g. ``silu_mul:64=64x64x128x8x3/2``. An entry serves every row count of ROWS'
-    bucket (at most 16 rows, or more — :func:`_tiles`' two); SPLITS > 1 sums K splits with the fold's
-    last program (needs a fold-capable device, not ``RLT_FOLD``), no SPLITS keeps the rule's count.
-    Keys are ``(kind, rows <= 16)``. A malformed entry raises ValueError naming it."""
+    :data:`TILE_KINDS`; TMA 1: :attr:`Tiles.tma`), e.g. ``silu_mul:64=64x64x128x8x3/2``. An entry serves every
+    row count of ROWS' bucket (:func:`row_bucket`: at most 16 rows, 17-64, more). For the fused projections
+    SPLITS > 1 sums K splits with the fold's last program (needs a fold-capable device, not ``RLT_FOLD``); for
+    ``split_k`` (the o_proj / down_proj split-K plans, :func:`split_plan`) it replaces the rule's split count;
+    no SPLITS keeps the rule's count. Keys are ``(kind, row_bucket(ROWS))``. A malformed entry raises
+    ValueError naming it."""
     out: dict[tuple[str, bool], tuple[Tiles, int | None]] = {}
     for entry in filter(None, (e.strip() for e in text.split(","))):
         try:
@@ -379,7 +389,7 @@ def parse_tile_overrides(text: str) -> dict[tuple[str, bool], tuple[Tiles, int |
         except (ValueError, TypeError):
             raise ValueError(f"RLT_LINEAR_TILES entry {entry!r}: expected KIND:ROWS=BMxBNxBKxWARPSxSTAGES[xTMA][/SPLITS] "
                              f"with KIND one of {', '.join(TILE_KINDS)}, power-of-two BM >= 16, BN, BK, WARPS, TMA 0 or 1") from None
-        out[(kind, int(rows) <= 16)] = (tiles, count)
+        out[(kind, row_bucket(int(rows)))] = (tiles, count)
     return out
 
 
@@ -392,7 +402,7 @@ def _launch_shape(m: int, kind: str, tiles: Tiles | None, splits: int | None,
     (``tma``: TMA loads possible, :func:`_tiles`)."""
     if tiles is not None:
         return tiles, splits
-    return _TILE_OVERRIDES.get((kind, m <= 16), (_tiles(m, kind, tma), splits))
+    return _TILE_OVERRIDES.get((kind, row_bucket(m)), (_tiles(m, kind, tma), splits))
 
 
 #: Shared memory a program's pipeline buffers may use (H100/H200 allow 227 KiB; keep headroom).
@@ -448,12 +458,18 @@ def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
     """The split-K launch for ``[m, k] @ [n, k].T``: the most splits (2, 4 or 8) whose K ranges are at
     least :data:`MIN_SPLIT_K` long and whole K tiles (the widest of 256, 128, 64, 32 columns that
     divides them); None when no split fits (the caller keeps cuBLAS). Column tiles of 32 weight rows,
-    16 or 64 batch rows per dot tile; read through TMA unless ``RLT_SPLIT_K_TMA=0``."""
+    16 or 64 batch rows per dot tile; read through TMA unless ``RLT_SPLIT_K_TMA=0``. An ``RLT_LINEAR_TILES``
+    ``split_k`` entry for ``m``'s bucket replaces the tiles (and the count, if it gives one) wherever its K
+    tiles divide this shape's K ranges; elsewhere the rule's plan stands."""
     for splits in (8, 4, 2):
         if k // splits < MIN_SPLIT_K:
             continue
         for bk in (256, 128, 64, 32):
             if k % (splits * bk) == 0:
+                override, count = _TILE_OVERRIDES.get(("split_k", row_bucket(m)), (None, None))
+                count = count or splits
+                if override is not None and count > 1 and k % (count * override.block_k) == 0:
+                    return SplitPlan(override, count)  # as the sweep timed it (no _fit)
                 tiles = _fit(Tiles(16 if m <= 16 else 64, 32, bk, 4, 4, _SPLIT_K_TMA), k // splits, elem)
                 return SplitPlan(tiles, splits)
     return None
