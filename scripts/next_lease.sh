@@ -124,7 +124,7 @@ case $CALL in
     sweep 240 128 "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --tma
     TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "$R/tiles.json") || exit 1
     echo "RLT_LINEAR_TILES=${TILES:-(none beat the default by 3 %)}" | tee "$R/tiles.txt"
-    [ -n "$TILES" ] && SKIP_TESTS=1 TILES="$TILES" VARIANTS="full fulltiles fullrowstiles" BENCH_ARGS=--no-sync-steps \
+    [ -n "$TILES" ] && SKIP_TESTS=1 TILES="$TILES" VARIANTS="${G6_VARIANTS:-full fullrowstiles fulltiles}" BENCH_ARGS=--no-sync-steps \
       BENCH_TIMEOUT=110 ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
   g2)
     SWEEPS=${TILES_JSON:-$OUT/g/tiles.json,$OUT/g3/tiles.json}
