@@ -5,9 +5,11 @@
 # half: TMA tiles above 16 rows and the split-K projections through TMA paid and are on by default; the suite found
 # two defects (dense prefill at head_dim < 16, warm-up missing lone-prompt tiles), fixed on CPU after the lease; lease
 # 10 (an H100, benchmarks/results/h100-20261206-lease10) re-ran them and most of the suite: all passed, no timings. A
-# lease has 1,800 s of device time and each call up to 600 s, so not all of these fit one lease. Next lease, by priority:
-#   n (the TMA defaults together against pointer loads) > g5 (C=128's projections at 128 rows) > h (FA4) > i (C=128
-#   profiles) > d > d2 (LAGS=0) > g4 (the one-row TMA sweep) > a (the whole suite, on an H200). Each call:
+# lease has 1,800 s of device time and each call up to 600 s, so not all of these fit one lease. Lease 11 (an H100,
+# benchmarks/results/h100-20261206-lease11) ran n, g5 (its C=128 half did not fit 80 GB), i's prefill profile and the
+# penalties' GPU test. Next lease, by priority:
+#   g6 (H200 only: C=128 with the 128-row winners) > i's C=128 decode profile (H200 only) > h (FA4) > d2 (LAGS="0 1")
+#   > d > g4 (the one-row TMA sweep) > a (the whole suite, on an H200). Each call:
 #   n  rlt-decode with every projection on pointer loads (`notma`: the pre-lease-9 defaults) against the default, C=1
 #      and C=64, back to back: lease 9 timed the two TMA flips separately (+1.2 % and +0.4-0.8 %), not together
 #   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
