@@ -363,7 +363,7 @@ def row_bucket(m: int) -> int:
     return sum(m > b for b in ROW_BUCKETS)
 
 
-def parse_tile_overrides(text: str) -> dict[tuple[str, bool], tuple[Tiles, int | None]]:
+def parse_tile_overrides(text: str) -> dict[tuple[str, int], tuple[Tiles, int | None]]:
     """``RLT_LINEAR_TILES``: comma-separated ``KIND:ROWS=BMxBNxBKxWARPSxSTAGES[xTMA][/SPLITS]`` (KIND one of
     :data:`TILE_KINDS`; TMA 1: :attr:`Tiles.tma`), e.g. ``silu_mul:64=64x64x128x8x3/2``. An entry serves every
     row count of ROWS' bucket (:func:`row_bucket`: at most 16 rows, 17-64, more). For the fused projections
@@ -371,7 +371,7 @@ def parse_tile_overrides(text: str) -> dict[tuple[str, bool], tuple[Tiles, int |
     ``split_k`` (the o_proj / down_proj split-K plans, :func:`split_plan`) it replaces the rule's split count;
     no SPLITS keeps the rule's count. Keys are ``(kind, row_bucket(ROWS))``. A malformed entry raises
     ValueError naming it."""
-    out: dict[tuple[str, bool], tuple[Tiles, int | None]] = {}
+    out: dict[tuple[str, int], tuple[Tiles, int | None]] = {}
     for entry in filter(None, (e.strip() for e in text.split(","))):
         try:
             key, shape = entry.split("=")
