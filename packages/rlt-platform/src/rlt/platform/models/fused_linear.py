@@ -461,18 +461,16 @@ def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
     16 or 64 batch rows per dot tile; read through TMA unless ``RLT_SPLIT_K_TMA=0``. An ``RLT_LINEAR_TILES``
     ``split_k`` entry for ``m``'s bucket replaces the tiles (and the count, if it gives one) wherever its K
     tiles divide this shape's K ranges; elsewhere the rule's plan stands."""
-    for splits in (8, 4, 2):
-        if k // splits < MIN_SPLIT_K:
-            continue
-        for bk in (256, 128, 64, 32):
-            if k % (splits * bk) == 0:
-                override, count = _TILE_OVERRIDES.get(("split_k", row_bucket(m)), (None, None))
-                count = count or splits
-                if override is not None and count > 1 and k % (count * override.block_k) == 0:
-                    return SplitPlan(override, count)  # as the sweep timed it (no _fit)
-                tiles = _fit(Tiles(16 if m <= 16 else 64, 32, bk, 4, 4, _SPLIT_K_TMA), k // splits, elem)
-                return SplitPlan(tiles, splits)
-    return None
+    plan = next((SplitPlan(_fit(Tiles(16 if m <= 16 else 64, 32, bk, 4, 4, _SPLIT_K_TMA), k // splits, elem), splits)
+                 for splits in (8, 4, 2) if k // splits >= MIN_SPLIT_K
+                 for bk in (256, 128, 64, 32) if k % (splits * bk) == 0), None)
+    override, count = _TILE_OVERRIDES.get(("split_k", row_bucket(m)), (None, None))
+    if plan is None or override is None:
+        return plan
+    count = count or plan.splits
+    if count > 1 and k % (count * override.block_k) == 0:
+        return SplitPlan(override, count)  # as the sweep timed it (no _fit)
+    return plan
 
 
 #: Most rows whose split-K projection takes in the ``add_norm_norm`` after it when ``rlt.attention.fold``
