@@ -24,6 +24,13 @@
 #   g5 the C=128 decode step's projections at 128 rows (above the fused gate/up + SiLU and split-K limits, 64): the
 #      kernels with X / W through TMA against cuBLAS + the elementwise kernels, a tile / split-plan sweep; then C=128
 #      1K/128 end to end with rlt-decode + rlt-prefill, default against RLT_FUSED_ROWS=silu_mul=128,split_k=128
+#   p  weight L2 prefetch before the PDL wait (RLT_PREFETCH=1) without the folds, against the default, C=1 and C=64:
+#      lease 8 measured it only on top of the folds (both slower there); the prefetch alone was never timed
+#   g7 (fits an H100) the > 64-row bucket's winners end to end at C=65 (the bucket's smallest row count; C=128 needs an
+#      H200): rlt-decode + rlt-prefill at the default, with TILES (default: lease 11's 128-row winners), and with
+#      them and the gate/up + SiLU and split-K kernels serving those rows (RLT_FUSED_ROWS)
+#   g8 g4's one-row sweep through TMA (every projection, split-K plans included), then C=1 decode with its winners
+#      against the default, back to back
 #   g6 (needs an H200: C=128 does not fit 80 GB) g5 with its sweep's winners: the 128-row sweep on this device, then
 #      C=128 1K/128 end to end: default, the winners' tiles (RLT_LINEAR_TILES; split-K plans too, kind split_k),
 #      and the tiles with the gate/up + SiLU and split-K kernels serving 128 rows (RLT_FUSED_ROWS) — lease 11 ran g5
@@ -51,7 +58,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3, g4, g5, g6, n}
+CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3, g4, g5, g6, g7, g8, n, p}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -110,6 +117,19 @@ case $CALL in
       OUT=$R bash scripts/decode_h200.sh ;;
   n)
     SKIP_TESTS=1 VARIANTS="notma decode" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 OUT=$R bash scripts/decode_h200.sh ;;
+  p)
+    SKIP_TESTS=1 VARIANTS="decode prefetch" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 OUT=$R bash scripts/decode_h200.sh ;;
+  g7)
+    TILES=${TILES:-rope_kv:128=128x32x128x4x4x1/1,silu_mul:128=128x64x128x8x3x1/1,split_k:128=128x64x128x4x4x1}
+    echo "RLT_LINEAR_TILES=$TILES" | tee "$R/tiles.txt"
+    SKIP_TESTS=1 TILES="$TILES" VARIANTS="full fulltiles fullrowstiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
+      ONLY_WORKLOADS="--workload c=65,in=1024,out=128,req=65,budget=40,name=c65-1k" OUT=$R bash scripts/decode_h200.sh ;;
+  g8)
+    sweep 330 1 "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --tma
+    TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "$R/tiles.json") || exit 1
+    echo "RLT_LINEAR_TILES=${TILES:-(none beat the default by 3 %)}" | tee "$R/tiles.txt"
+    [ -n "$TILES" ] && SKIP_TESTS=1 TILES="$TILES" VARIANTS="decode tiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=90 \
+      ONLY_WORKLOADS="--workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k" OUT=$R bash scripts/decode_h200.sh ;;
   g)
     sweep 540 1,64 "qkv+rope+kv,gate_up+silu" ;;
   g3)

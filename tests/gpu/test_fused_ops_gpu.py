@@ -267,3 +267,35 @@ def test_fused_projections_through_tma(dtype, rows, splits):
     plan = fl.SplitPlan(fl.Tiles(16 if rows <= 16 else 64, 32, 128, 4, 4, True), 4)
     pieces = fl.linear_split_k(xd, wd, plan)
     _bounded(pieces.total(), F.linear(xd, wd), dtype, "split-K down_proj through TMA")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("rows", [65, 100, 128])
+def test_rope_kv_default_above_64_rows(dtype, rows):
+    """Above 64 rows q/k/v + RoPE + KV store takes every row in one 128-row TMA block by default (lease 12):
+    rows past M through the descriptor's bounds, within the fused kernels' bound of the eager ops, the KV
+    store exact; fp32 on the same entry fitted into shared memory."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    import torch.nn.functional as F
+
+    from rlt.attention.backends.triton_backend import tma_ready
+    from rlt.platform.models import fused_linear as fl
+    from rlt.platform.models.fused_ops import rope_qk_
+    from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
+
+    g = torch.Generator(device="cuda").manual_seed(11 + rows)
+    x = torch.randn(rows, 2048, device="cuda", generator=g).to(dtype)
+    if not tma_ready(x):
+        pytest.skip("no TMA on this device")
+    assert fl._launch_shape(rows, "rope_kv", None, None, True)[0].block_m == 128
+    wq = (torch.randn(48 * 128, 2048, device="cuda", generator=g) * 2048 ** -0.5).to(dtype)
+    cos, sin = rope_cos_sin(torch.arange(rows, device="cuda") + 300, rope_inv_freq(128, 1e6, device="cuda"), dtype)
+    kc = torch.zeros(4096, 16 * 128, device="cuda", dtype=dtype)
+    vc = torch.zeros_like(kc)
+    slots = torch.arange(rows, device="cuda") * 5
+    q, k, v, stored = fl.linear_rope_kv(x, wq, cos, sin, 16, 16, 128, (kc, vc, slots))
+    qe, ke, ve, _ = rope_qk_(F.linear(x, wq), cos, sin, 16, 16, 128, use_triton=False)
+    assert stored and torch.equal(kc[slots], k.reshape(rows, -1)) and torch.equal(vc[slots], v.reshape(rows, -1))
+    for a, b, what in ((q, qe, "q"), (k, ke, "k"), (v, ve, "v")):
+        _bounded(a, b, dtype, f"q/k/v + RoPE, {rows} rows at the default tiles: {what}")

@@ -344,9 +344,14 @@ def _tiles(m: int, kind: str, tma: bool = False) -> Tiles:
     device and both operands allow TMA loads (:func:`_operands`). Above 16 rows those read X and W through
     TMA: lease 9's sweep at 64 rows (``benchmarks/results/h200-20261205-lease9``) gave q/k/v + RoPE 11.7 ->
     11.1 us and gate/up + SiLU 16.3 -> 14.9 us (64-wide tiles on 8 warps), and C=64 decode 3,446 -> 3,486
-    tok/s end to end; K splits lost there. At 16 rows or fewer the pointer tiles stay (TMA not swept there)."""
+    tok/s end to end; K splits lost there. Above 64 rows q/k/v + RoPE takes every row in one 128-row block
+    (an H100, lease 12: the 128-row sweep's best, 20.1 -> 14.8 us at 128 rows; C=65 decode with rlt-prefill
+    2,473 -> 2,526 tok/s, twice, back to back — ``benchmarks/results/h100-20261206-lease12``). At 16 rows or
+    fewer the pointer tiles stay (lease 12's one-row sweep through TMA found nothing 3 % faster)."""
     if m <= 16:
         return Tiles(16, 32, 256 if kind == "rope_kv" else 128, 4, 4)
+    if tma and m > 64 and kind == "rope_kv":
+        return Tiles(128, 32, 128, 4, 4, True)
     if tma:
         return Tiles(64, 32, 256, 4, 3, True) if kind == "rope_kv" else Tiles(64, 64, 128, 8, 4, True)
     return Tiles(64, 32, 128, 4, 4 if kind == "rope_kv" else 3)
@@ -409,11 +414,11 @@ def _launch_shape(m: int, kind: str, tiles: Tiles | None, splits: int | None,
 SHARED_MEMORY_BYTES = 200 * 1024
 
 
-def _fit(tiles: Tiles, k: int, elem: int) -> Tiles:
-    """``tiles`` with the K tile no wider than K and the stage buffers (x tile + two weight tiles
+def _fit(tiles: Tiles, k: int, elem: int, weights: int = 2) -> Tiles:
+    """``tiles`` with the K tile no wider than K and the stage buffers (x tile + ``weights`` weight tiles
     per stage, ``elem`` bytes each) inside shared memory: fp32 halves what bf16 fits."""
     t = tiles._replace(block_k=min(tiles.block_k, max(16, triton.next_power_of_2(k))))
-    while t.num_stages * (t.block_m + 2 * t.block_n) * t.block_k * elem > SHARED_MEMORY_BYTES:
+    while t.num_stages * (t.block_m + weights * t.block_n) * t.block_k * elem > SHARED_MEMORY_BYTES:
         if t.block_k > 64:
             t = t._replace(block_k=t.block_k // 2)
         elif t.num_stages > 2:
@@ -460,7 +465,9 @@ def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
     divides them); None when no split fits (the caller keeps cuBLAS). Column tiles of 32 weight rows,
     16 or 64 batch rows per dot tile; read through TMA unless ``RLT_SPLIT_K_TMA=0``. An ``RLT_LINEAR_TILES``
     ``split_k`` entry for ``m``'s bucket replaces the tiles (and the count, if it gives one) wherever its K
-    tiles divide this shape's K ranges; elsewhere the rule's plan stands."""
+    tiles divide this shape's K ranges (then fitted to shared memory as one weight tile per stage: a bf16 entry
+    runs as the sweep timed it, an fp32 run of the same entry with narrower K tiles); elsewhere the rule's plan
+    stands."""
     plan = next((SplitPlan(_fit(Tiles(16 if m <= 16 else 64, 32, bk, 4, 4, _SPLIT_K_TMA), k // splits, elem), splits)
                  for splits in (8, 4, 2) if k // splits >= MIN_SPLIT_K
                  for bk in (256, 128, 64, 32) if k % (splits * bk) == 0), None)
@@ -469,7 +476,7 @@ def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
         return plan
     count = count or plan.splits
     if count > 1 and k % (count * override.block_k) == 0:
-        return SplitPlan(override, count)  # as the sweep timed it (no _fit)
+        return SplitPlan(_fit(override, k // count, elem, weights=1), count)
     return plan
 
 
