@@ -31,6 +31,8 @@
 #      them and the gate/up + SiLU and split-K kernels serving those rows (RLT_FUSED_ROWS)
 #   g8 g4's one-row sweep through TMA (every projection, split-K plans included), then C=1 decode with its winners
 #      against the default, back to back
+#   g9 the split-K o_proj / down_proj plans swept at 64 rows through TMA (lease 9's 64-row sweep covered only the
+#      fused q/k/v and gate/up kernels), then C=64 decode with the winner (kind split_k) against the default
 #   g6 (needs an H200: C=128 does not fit 80 GB) g5 with its sweep's winners: the 128-row sweep on this device, then
 #      C=128 1K/128 end to end: default, the winners' tiles (RLT_LINEAR_TILES; split-K plans too, kind split_k),
 #      and the tiles with the gate/up + SiLU and split-K kernels serving 128 rows (RLT_FUSED_ROWS) — lease 11 ran g5
@@ -58,7 +60,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3, g4, g5, g6, g7, g8, n, p}
+CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, n, p}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -124,6 +126,12 @@ case $CALL in
     echo "RLT_LINEAR_TILES=$TILES" | tee "$R/tiles.txt"
     SKIP_TESTS=1 TILES="$TILES" VARIANTS="full fulltiles fullrowstiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
       ONLY_WORKLOADS="--workload c=65,in=1024,out=128,req=65,budget=40,name=c65-1k" OUT=$R bash scripts/decode_h200.sh ;;
+  g9)
+    sweep 240 64 "o_proj,down_proj" --tma
+    TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "$R/tiles.json") || exit 1
+    echo "RLT_LINEAR_TILES=${TILES:-(none beat the default by 3 %)}" | tee "$R/tiles.txt"
+    [ -n "$TILES" ] && SKIP_TESTS=1 TILES="$TILES" VARIANTS="decode tiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
+      ONLY_WORKLOADS="--workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k" OUT=$R bash scripts/decode_h200.sh ;;
   g8)
     sweep 330 1 "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --tma
     TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "$R/tiles.json") || exit 1
