@@ -18,7 +18,8 @@ resources (measured below). ``RLT_PDL=1`` turns it on, ``0`` off; unset: :data:`
 at import; :func:`refresh` reads it again). Never on ROCm, before sm_90, or under the Triton
 interpreter.
 
-Weight prefetch (``RLT_PREFETCH=1``, with PDL only; off by default until measured): the small-M
+Weight prefetch (``RLT_PREFETCH=1``, with PDL only; off: measured slower — C=1 decode -7 % alone on an H100, lease 12,
+and slower with the folds on the H200, lease 8): the small-M
 projection kernels (``rlt.platform.models.fused_linear``) ask L2 for their weight rows before
 ``griddepcontrol.wait`` — weights are never written by a kernel, so this is inside the contract — so a
 kernel's DRAM stream starts while its predecessor finishes (:func:`weight_prefetch`).
