@@ -72,6 +72,14 @@ sweep() {
     "${@:4}" --out "$R/tiles.json" > "$R/tiles.log" 2>&1
   grep -E "^(qkv|gate_up|o_proj|down_proj)" "$R/tiles.log" | tail -8
 }
+# Sweeps' winners end to end against the default: winners VARIANTS BENCH_TIMEOUT [WORKLOAD [SWEEPS]] (no WORKLOAD:
+# decode_h200.sh's C=1 and C=64; SWEEPS: comma-separated tiles.json files, default $R/tiles.json)
+winners() {
+  TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "${4:-$R/tiles.json}") || exit 1
+  echo "RLT_LINEAR_TILES=${TILES:-(none beat the default by 3 %)}" | tee "$R/tiles.txt"
+  [ -n "$TILES" ] && SKIP_TESTS=1 TILES="$TILES" VARIANTS="$1" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=$2 \
+    ONLY_WORKLOADS="${3:+--workload $3}" OUT=$R bash scripts/decode_h200.sh
+}
 case $CALL in
   a)
     [ -d /tmp/site/flash_attn ] && export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH"
@@ -128,16 +136,10 @@ case $CALL in
       ONLY_WORKLOADS="--workload c=65,in=1024,out=128,req=65,budget=40,name=c65-1k" OUT=$R bash scripts/decode_h200.sh ;;
   g9)
     sweep 240 64 "o_proj,down_proj" --tma
-    TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "$R/tiles.json") || exit 1
-    echo "RLT_LINEAR_TILES=${TILES:-(none beat the default by 3 %)}" | tee "$R/tiles.txt"
-    [ -n "$TILES" ] && SKIP_TESTS=1 TILES="$TILES" VARIANTS="decode tiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
-      ONLY_WORKLOADS="--workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k" OUT=$R bash scripts/decode_h200.sh ;;
+    winners "decode tiles" 100 c=64,in=1024,out=128,req=64,budget=35,name=c64-1k ;;
   g8)
     sweep 330 1 "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --tma
-    TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "$R/tiles.json") || exit 1
-    echo "RLT_LINEAR_TILES=${TILES:-(none beat the default by 3 %)}" | tee "$R/tiles.txt"
-    [ -n "$TILES" ] && SKIP_TESTS=1 TILES="$TILES" VARIANTS="decode tiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=90 \
-      ONLY_WORKLOADS="--workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k" OUT=$R bash scripts/decode_h200.sh ;;
+    winners "decode tiles" 90 c=1,in=1024,out=128,req=1,budget=25,name=c1-1k ;;
   g)
     sweep 540 1,64 "qkv+rope+kv,gate_up+silu" ;;
   g3)
@@ -152,19 +154,11 @@ case $CALL in
       ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
   g6)
     sweep 240 128 "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --tma
-    TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "$R/tiles.json") || exit 1
-    echo "RLT_LINEAR_TILES=${TILES:-(none beat the default by 3 %)}" | tee "$R/tiles.txt"
-    [ -n "$TILES" ] && SKIP_TESTS=1 TILES="$TILES" VARIANTS="${G6_VARIANTS:-full fullrowstiles fulltiles}" BENCH_ARGS=--no-sync-steps \
-      BENCH_TIMEOUT=110 ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
+    winners "${G6_VARIANTS:-full fullrowstiles fulltiles}" 110 c=128,in=1024,out=128,req=128,budget=40,name=c128-1k ;;
   g2)
     SWEEPS=${TILES_JSON:-$OUT/g/tiles.json,$OUT/g3/tiles.json}
     for f in ${SWEEPS//,/ }; do [ -f "$f" ] || echo "no sweep results at $f"; done
-    TILES=$(python3 -m benchmarks.decode_kernels --tiles-from "$SWEEPS") || exit 1
-    echo "RLT_LINEAR_TILES=${TILES:-(none beat the default by 3 %)}" | tee "$R/tiles.txt"
-    if [ -n "$TILES" ]; then
-      SKIP_TESTS=1 TILES="$TILES" VARIANTS="decode tiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=250 \
-        OUT=$R bash scripts/decode_h200.sh
-    fi ;;
+    winners "decode tiles" 250 "" "$SWEEPS" ;;
   h)
     . scripts/install_carried_wheels.sh .whl/fa4a .whl/fa4b
     if ! python3 -c "import flash_attn.cute" > "$R/fa4-import.log" 2>&1; then

@@ -235,33 +235,18 @@ def test_fused_projections_through_tma(dtype, rows, splits):
     """``Tiles.tma`` on the GPU (sm_90+): X and W tiles by TMA descriptors — rows past M and the last gate
     tile's rows past I through the descriptors' bounds — within the fused kernels' bound of the eager ops,
     with 2 K splits summed by the tile's last program; and the split-K down_proj (RLT_SPLIT_K_TMA's plans)."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a GPU")
     import torch.nn.functional as F
 
-    from rlt.attention.backends.triton_backend import tma_ready
     from rlt.platform.models import fused_linear as fl
-    from rlt.platform.models.fused_ops import rope_qk_, silu_mul
-    from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
+    from rlt.platform.models.fused_ops import silu_mul
 
-    g = torch.Generator(device="cuda").manual_seed(7 + rows)
-    x = torch.randn(rows, 2048, device="cuda", generator=g).to(dtype)
-    if not tma_ready(x):
-        pytest.skip("no TMA on this device")
+    g, x = _tma_input(rows, dtype, 7 + rows)
     gu = (torch.randn(2 * 5600, 2048, device="cuda", generator=g) * 2048 ** -0.5).to(dtype)  # I = 5600: a gate tail
     wq = (torch.randn(48 * 128, 2048, device="cuda", generator=g) * 2048 ** -0.5).to(dtype)
     tiles = fl.Tiles(16 if rows <= 16 else 64, 64, 128, 8, 3, True)
     got = fl.linear_silu_mul(x, gu, tiles, splits)
     _bounded(got, silu_mul(F.linear(x, gu)), dtype, f"gate/up + SiLU through TMA, {splits} split(s)")
-    cos, sin = rope_cos_sin(torch.arange(rows, device="cuda") + 700, rope_inv_freq(128, 1e6, device="cuda"), dtype)
-    kc = torch.zeros(4096, 16 * 128, device="cuda", dtype=dtype)
-    vc = torch.zeros_like(kc)
-    slots = torch.arange(rows, device="cuda") * 3
-    q, k, v, stored = fl.linear_rope_kv(x, wq, cos, sin, 16, 16, 128, (kc, vc, slots), tiles, splits)
-    qe, ke, ve, _ = rope_qk_(F.linear(x, wq), cos, sin, 16, 16, 128, use_triton=False)
-    assert stored and torch.equal(kc[slots], k.reshape(rows, -1)) and torch.equal(vc[slots], v.reshape(rows, -1))
-    for a, b, what in ((q, qe, "q"), (k, ke, "k"), (v, ve, "v")):
-        _bounded(a, b, dtype, f"q/k/v + RoPE through TMA: {what}")
+    _check_rope_kv(x, wq, 700, 3, f"q/k/v + RoPE through TMA, {splits} split(s)", tiles, splits)
     wd = (torch.randn(2048, 5632, device="cuda", generator=g) * 5632 ** -0.5).to(dtype)  # down_proj, 4 splits of 1408
     xd = torch.randn(rows, 5632, device="cuda", generator=g).to(dtype)
     plan = fl.SplitPlan(fl.Tiles(16 if rows <= 16 else 64, 32, 128, 4, 4, True), 4)
@@ -269,33 +254,51 @@ def test_fused_projections_through_tma(dtype, rows, splits):
     _bounded(pieces.total(), F.linear(xd, wd), dtype, "split-K down_proj through TMA")
 
 
+
+def _tma_input(rows, dtype, seed):
+    """A seeded generator and ``rows`` x 2048 activations on the GPU; skips where TMA loads are not possible."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from rlt.attention.backends.triton_backend import tma_ready
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, 2048, device="cuda", generator=g).to(dtype)
+    if not tma_ready(x):
+        pytest.skip("no TMA on this device")
+    return g, x
+
+
+def _check_rope_kv(x, wq, first_position, slot_stride, what, tiles=None, splits=None):
+    """The fused q/k/v + RoPE + KV store on the GPU against the eager ops (Ouro-1.4B heads: 16 x 128): the KV
+    store exact, q / k / v within the fused kernels' bound."""
+    import torch.nn.functional as F
+
+    from rlt.platform.models import fused_linear as fl
+    from rlt.platform.models.fused_ops import rope_qk_
+    from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
+
+    rows, dtype = x.shape[0], x.dtype
+    positions = torch.arange(rows, device="cuda") + first_position
+    cos, sin = rope_cos_sin(positions, rope_inv_freq(128, 1e6, device="cuda"), dtype)
+    kc = torch.zeros(4096, 16 * 128, device="cuda", dtype=dtype)
+    vc = torch.zeros_like(kc)
+    slots = torch.arange(rows, device="cuda") * slot_stride
+    q, k, v, stored = fl.linear_rope_kv(x, wq, cos, sin, 16, 16, 128, (kc, vc, slots), tiles, splits)
+    qe, ke, ve, _ = rope_qk_(F.linear(x, wq), cos, sin, 16, 16, 128, use_triton=False)
+    assert stored and torch.equal(kc[slots], k.reshape(rows, -1)) and torch.equal(vc[slots], v.reshape(rows, -1))
+    for a, b, name in ((q, qe, "q"), (k, ke, "k"), (v, ve, "v")):
+        _bounded(a, b, dtype, f"{what}: {name}")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("rows", [65, 100, 128])
 def test_rope_kv_default_above_64_rows(dtype, rows):
     """Above 64 rows q/k/v + RoPE + KV store takes every row in one 128-row TMA block by default (lease 12):
     rows past M through the descriptor's bounds, within the fused kernels' bound of the eager ops, the KV
-    store exact; fp32 on the same entry fitted into shared memory."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a GPU")
-    import torch.nn.functional as F
-
-    from rlt.attention.backends.triton_backend import tma_ready
+    store exact; fp32 on the same tiles fitted into shared memory."""
     from rlt.platform.models import fused_linear as fl
-    from rlt.platform.models.fused_ops import rope_qk_
-    from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq
 
-    g = torch.Generator(device="cuda").manual_seed(11 + rows)
-    x = torch.randn(rows, 2048, device="cuda", generator=g).to(dtype)
-    if not tma_ready(x):
-        pytest.skip("no TMA on this device")
+    g, x = _tma_input(rows, dtype, 11 + rows)
     assert fl._launch_shape(rows, "rope_kv", None, None, True)[0].block_m == 128
     wq = (torch.randn(48 * 128, 2048, device="cuda", generator=g) * 2048 ** -0.5).to(dtype)
-    cos, sin = rope_cos_sin(torch.arange(rows, device="cuda") + 300, rope_inv_freq(128, 1e6, device="cuda"), dtype)
-    kc = torch.zeros(4096, 16 * 128, device="cuda", dtype=dtype)
-    vc = torch.zeros_like(kc)
-    slots = torch.arange(rows, device="cuda") * 5
-    q, k, v, stored = fl.linear_rope_kv(x, wq, cos, sin, 16, 16, 128, (kc, vc, slots))
-    qe, ke, ve, _ = rope_qk_(F.linear(x, wq), cos, sin, 16, 16, 128, use_triton=False)
-    assert stored and torch.equal(kc[slots], k.reshape(rows, -1)) and torch.equal(vc[slots], v.reshape(rows, -1))
-    for a, b, what in ((q, qe, "q"), (k, ke, "k"), (v, ve, "v")):
-        _bounded(a, b, dtype, f"q/k/v + RoPE, {rows} rows at the default tiles: {what}")
+    _check_rope_kv(x, wq, 300, 5, f"q/k/v + RoPE, {rows} rows at the default tiles")
