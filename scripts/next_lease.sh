@@ -33,6 +33,9 @@
 #      against the default, back to back
 #   g9 the split-K o_proj / down_proj plans swept at 64 rows through TMA (lease 9's 64-row sweep covered only the
 #      fused q/k/v and gate/up kernels), then C=64 decode with the winner (kind split_k) against the default
+#   k128 (needs an H200) the fused-ops GPU tests (with a split-K entry for > 64 rows: fitted to fp32 now), then C=128
+#      1K/128 end to end with rlt-decode + rlt-prefill: `fulltiles` = the q/k/v tiles before lease 12 (64-row TMA
+#      blocks) against the default (`full`: one 128-row block above 64 rows, lease 12's +2 % at C=65), back to back
 #   g6 (needs an H200: C=128 does not fit 80 GB) g5 with its sweep's winners: the 128-row sweep on this device, then
 #      C=128 1K/128 end to end: default, the winners' tiles (RLT_LINEAR_TILES; split-K plans too, kind split_k),
 #      and the tiles with the gate/up + SiLU and split-K kernels serving 128 rows (RLT_FUSED_ROWS) — lease 11 ran g5
@@ -60,7 +63,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, n, p}
+CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -137,6 +140,12 @@ case $CALL in
   g9)
     sweep 240 64 "o_proj,down_proj" --tma
     winners "decode tiles" 100 c=64,in=1024,out=128,req=64,budget=35,name=c64-1k ;;
+  k128)
+    RLT_LINEAR_TILES=split_k:128=128x64x128x4x4x1 RLT_FUSED_ROWS=split_k=128 timeout 200 python3 -m pytest \
+      tests/gpu/test_fused_ops_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" -rfEs > "$R/fused-tests.log" 2>&1
+    tail -2 "$R/fused-tests.log"
+    SKIP_TESTS=1 TILES="rope_kv:128=64x32x256x4x3x1/1" VARIANTS="fulltiles full" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 \
+      ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
   g8)
     sweep 330 1 "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --tma
     winners "decode tiles" 90 c=1,in=1024,out=128,req=1,budget=25,name=c1-1k ;;
