@@ -35,7 +35,7 @@
 #      against the default, back to back
 #   g9 the split-K o_proj / down_proj plans swept at 64 rows through TMA (lease 9's 64-row sweep covered only the
 #      fused q/k/v and gate/up kernels), then C=64 decode with the winner (kind split_k) against the default
-#   k128 (needs an H200) the fused-ops GPU tests (with a split-K entry for > 64 rows: fitted to fp32 now), then C=128
+#   k128 (needs an H200) the fused-ops GPU tests (with a split-K entry for > 64 rows: its K tile narrowed for fp32 now), then C=128
 #      1K/128 end to end with rlt-decode + rlt-prefill: `fulltiles` = the q/k/v tiles before lease 12 (64-row TMA
 #      blocks) against the default (`full`: one 128-row block above 64 rows, lease 12's +2 % at C=65), back to back
 #   g6 (needs an H200: C=128 does not fit 80 GB) g5 with its sweep's winners: the 128-row sweep on this device, then

@@ -254,7 +254,6 @@ def test_fused_projections_through_tma(dtype, rows, splits):
     _bounded(pieces.total(), F.linear(xd, wd), dtype, "split-K down_proj through TMA")
 
 
-
 def _tma_input(rows, dtype, seed):
     """A seeded generator and ``rows`` x 2048 activations on the GPU; skips where TMA loads are not possible."""
     if not torch.cuda.is_available():
