@@ -9,9 +9,10 @@
 # benchmarks/results/h100-20261206-lease11) ran n, g5 (its C=128 half did not fit 80 GB), i's prefill profile and the
 # penalties' GPU test. Lease 12 (an H100, benchmarks/results/h100-20261206-lease12) ran p (prefetch alone: slower), g7
 # (the 128-row q/k/v tiles: +2 % at C=65, the default since), g8 (the one-row sweep through TMA: nothing) and d2's lags
-# 0 / 1 (lag 0 slower). Next lease, by priority:
+# 0 / 1 (lag 0 slower), and g9's sweep (the 64-row split-K plans: 0.5 us per layer, not timed end to end). Next lease,
+# by priority:
 #   k128 (H200 only: C=128 with the new q/k/v default against the old tiles) > i's C=128 decode profile (H200 only)
-#   > g6 (H200 only) > g9 (the split-K plans at 64 rows) > h (FA4) > d > a (the whole suite, on an H200). Each call:
+#   > g6 (H200 only) > h (FA4) > d > a (the whole suite, on an H200). Each call:
 #   n  rlt-decode with every projection on pointer loads (`notma`: the pre-lease-9 defaults) against the default, C=1
 #      and C=64, back to back: lease 9 timed the two TMA flips separately (+1.2 % and +0.4-0.8 %), not together
 #   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
