@@ -3,6 +3,7 @@ replace, under the Triton interpreter on CPU (the GPU versions: tests/gpu/test_f
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -241,8 +242,8 @@ def test_tiles_fit_shared_memory_in_every_dtype():
     for m in (1, 16, 17, 64, 128):
         for kind in ("rope_kv", "silu_mul"):
             for elem in (2, 4):
-                for k in (64, 1024, 2048, 5632):
-                    t = fused_linear._fit(fused_linear._tiles(m, kind), k, elem)
+                for k, tma in itertools.product((64, 1024, 2048, 5632), (False, True)):
+                    t = fused_linear._fit(fused_linear._tiles(m, kind, tma), k, elem)
                     assert t.num_stages * (t.block_m + 2 * t.block_n) * t.block_k * elem <= fused_linear.SHARED_MEMORY_BYTES
                     assert t.block_k <= max(16, 1 << (k - 1).bit_length())
     # bf16 keeps the swept tiles

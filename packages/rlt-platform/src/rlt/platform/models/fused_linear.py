@@ -339,6 +339,16 @@ class Tiles(NamedTuple):
     tma: bool = False
 
 
+#: Row-count buckets of the default launch shapes and of their overrides: at most 16 rows, at most 64 (C=64's
+#: decode steps), more.
+ROW_BUCKETS = (16, 64)
+
+
+def row_bucket(m: int) -> int:
+    """The :data:`ROW_BUCKETS` bucket of ``m`` rows: 0 (at most 16), 1 (at most 64) or 2 (more)."""
+    return sum(m > b for b in ROW_BUCKETS)
+
+
 def _tiles(m: int, kind: str, tma: bool = False) -> Tiles:
     """The tiles of ``kind`` ("rope_kv" or "silu_mul") for ``m`` rows (the H200 sweeps' best); ``tma``: the
     device and both operands allow TMA loads (:func:`_operands`). Above 16 rows those read X and W through
@@ -348,9 +358,10 @@ def _tiles(m: int, kind: str, tma: bool = False) -> Tiles:
     (an H100, lease 12: the 128-row sweep's best, 20.1 -> 14.8 us at 128 rows; C=65 decode with rlt-prefill
     2,473 -> 2,526 tok/s, twice, back to back — ``benchmarks/results/h100-20261206-lease12``). At 16 rows or
     fewer the pointer tiles stay (lease 12's one-row sweep through TMA found nothing 3 % faster)."""
-    if m <= 16:
+    bucket = row_bucket(m)
+    if bucket == 0:
         return Tiles(16, 32, 256 if kind == "rope_kv" else 128, 4, 4)
-    if tma and m > 64 and kind == "rope_kv":
+    if tma and bucket == 2 and kind == "rope_kv":
         return Tiles(128, 32, 128, 4, 4, True)
     if tma:
         return Tiles(64, 32, 256, 4, 3, True) if kind == "rope_kv" else Tiles(64, 64, 128, 8, 4, True)
@@ -358,15 +369,6 @@ def _tiles(m: int, kind: str, tma: bool = False) -> Tiles:
 
 
 TILE_KINDS = ("rope_kv", "silu_mul", "split_k")
-
-#: Row-count buckets of launch-shape overrides: at most 16 rows, at most 64 (C=64's decode steps), more.
-ROW_BUCKETS = (16, 64)
-
-
-def row_bucket(m: int) -> int:
-    """The :data:`ROW_BUCKETS` bucket of ``m`` rows: 0 (at most 16), 1 (at most 64) or 2 (more)."""
-    return sum(m > b for b in ROW_BUCKETS)
-
 
 def parse_tile_overrides(text: str) -> dict[tuple[str, int], tuple[Tiles, int | None]]:
     """``RLT_LINEAR_TILES``: comma-separated ``KIND:ROWS=BMxBNxBKxWARPSxSTAGES[xTMA][/SPLITS]`` (KIND one of
@@ -468,7 +470,8 @@ def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
     tiles divide this shape's K ranges; elsewhere the rule's plan stands. Entries are swept in 2-byte elements:
     wider ones narrow the K tile so the stage buffers keep the bytes the sweep ran (an fp32 run of a bf16
     winner ran out of shared memory before, lease 12)."""
-    plan = next((SplitPlan(_fit(Tiles(16 if m <= 16 else 64, 32, bk, 4, 4, _SPLIT_K_TMA), k // splits, elem), splits)
+    bm = 16 if row_bucket(m) == 0 else 64
+    plan = next((SplitPlan(_fit(Tiles(bm, 32, bk, 4, 4, _SPLIT_K_TMA), k // splits, elem), splits)
                  for splits in (8, 4, 2) if k // splits >= MIN_SPLIT_K
                  for bk in (256, 128, 64, 32) if k % (splits * bk) == 0), None)
     override, count = _TILE_OVERRIDES.get(("split_k", row_bucket(m)), (None, None))
