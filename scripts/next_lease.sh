@@ -36,9 +36,12 @@
 #      against the default, back to back
 #   g9 the split-K o_proj / down_proj plans swept at 64 rows through TMA (lease 9's 64-row sweep covered only the
 #      fused q/k/v and gate/up kernels), then C=64 decode with the winner (kind split_k) against the default
-#   k128 (needs an H200) the fused-ops GPU tests (with a split-K entry for > 64 rows: its K tile narrowed for fp32 now), then C=128
-#      1K/128 end to end with rlt-decode + rlt-prefill: `fulltiles` = the q/k/v tiles before lease 12 (64-row TMA
-#      blocks) against the default (`full`: one 128-row block above 64 rows, lease 12's +2 % at C=65), back to back
+#   k128 (needs an H200) C=128 1K/128 end to end with rlt-decode + rlt-prefill: the default (`full`: lease 12's q/k/v
+#      tiles, one 128-row block above 64 rows) against `fullrowstiles` (lease 11's 128-row winners for gate/up + SiLU
+#      and split-K too, the fused kernels serving up to 128 rows: at C=65 they gave part of q/k/v's gain back, at 128
+#      rows their blocks are full) and `fulltiles` (the q/k/v tiles before lease 12), back to back; then `full` and
+#      `fullrowstiles` at a 32K-token step budget (lease 9: 2,401 against 2,341 at the harness's 16K). The fused-ops
+#      GPU tests under a > 64-row split-K entry passed on an H100 (lease 12, call 6): not repeated here
 #   g6 (needs an H200: C=128 does not fit 80 GB) g5 with its sweep's winners: the 128-row sweep on this device, then
 #      C=128 1K/128 end to end: default, the winners' tiles (RLT_LINEAR_TILES; split-K plans too, kind split_k),
 #      and the tiles with the gate/up + SiLU and split-K kernels serving 128 rows (RLT_FUSED_ROWS) — lease 11 ran g5
@@ -144,11 +147,14 @@ case $CALL in
     sweep 240 64 "o_proj,down_proj" --tma
     winners "decode tiles" 100 c=64,in=1024,out=128,req=64,budget=35,name=c64-1k ;;
   k128)
-    RLT_LINEAR_TILES=split_k:128=128x64x128x4x4x1 RLT_FUSED_ROWS=split_k=128 timeout 200 python3 -m pytest \
-      tests/gpu/test_fused_ops_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" -rfEs > "$R/fused-tests.log" 2>&1
-    tail -2 "$R/fused-tests.log"
-    SKIP_TESTS=1 TILES="rope_kv:128=64x32x256x4x3x1/1" VARIANTS="fulltiles full" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=110 \
-      ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" OUT=$R bash scripts/decode_h200.sh ;;
+    W="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k"
+    SKIP_TESTS=1 TILES="silu_mul:128=128x64x128x8x3x1/1,split_k:128=128x64x128x4x4x1" VARIANTS="full fullrowstiles" \
+      BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R bash scripts/decode_h200.sh
+    SKIP_TESTS=1 TILES="rope_kv:128=64x32x256x4x3x1/1" VARIANTS=fulltiles BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
+      ONLY_WORKLOADS="$W" OUT=$R bash scripts/decode_h200.sh
+    SKIP_TESTS=1 TILES="silu_mul:128=128x64x128x8x3x1/1,split_k:128=128x64x128x4x4x1" VARIANTS="full fullrowstiles" \
+      BENCH_ARGS="--no-sync-steps --max-num-batched-tokens 32768" BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" \
+      OUT=$R/budget32768 bash scripts/decode_h200.sh ;;
   g8)
     sweep 330 1 "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --tma
     winners "decode tiles" 90 c=1,in=1024,out=128,req=1,budget=25,name=c1-1k ;;
