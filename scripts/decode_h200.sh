@@ -90,7 +90,7 @@ for variant in ${VARIANTS:-base decode}; do
   RLT_FUSED_ROWS=$rows RLT_SPLIT_K_TMA=$splitktma RLT_LINEAR_TILES=$tiles RLT_DENSE_PREFILL=$dense RLT_FOLD=$foldv RLT_PREFETCH=$prefetch RLT_PDL=$pdl RLT_SPLIT_K=$split RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
     --work-dir /tmp/rlt-bench --out-dir "$OUT/$variant" --reps 3 --warmup-output-len 4 "${extra[@]}" ${BENCH_ARGS:-} "${WORKLOADS[@]}" \
     > "$OUT/$variant.log" 2>&1
-  echo "== $variant"; grep -E "^\| (c1-1k|c64-1k|c65-1k|c128-1k|c64-1k-adaptive|c64-refill|c64-refill-adaptive|c1-1k-adaptive) \| triton" "$OUT/$variant/results.md" || tail -20 "$OUT/$variant.log"
+  echo "== $variant"; grep -E "^\| (c1-1k|c64-1k|c65-1k|c128-1k|c128-512|c64-1k-adaptive|c64-refill|c64-refill-adaptive|c1-1k-adaptive) \| triton" "$OUT/$variant/results.md" || tail -20 "$OUT/$variant.log"
 done
 if [ -n "${PROFILE:-}" ]; then
   args=(); for p in $PROFILE; do args+=(--profile "$p"); done

@@ -41,7 +41,9 @@
 #      and split-K too, the fused kernels serving up to 128 rows: at C=65 they gave part of q/k/v's gain back, at 128
 #      rows their blocks are full) and `fulltiles` (the q/k/v tiles before lease 12), back to back; then `full` and
 #      `fullrowstiles` at a 32K-token step budget (lease 9: 2,401 against 2,341 at the harness's 16K). The fused-ops
-#      GPU tests under a > 64-row split-K entry passed on an H100 (lease 12, call 6): not repeated here
+#      GPU tests under a > 64-row split-K entry passed on an H100 (lease 12, call 6): not repeated here. On an H100
+#      (80 GB: 1K prompts fit 73 of the 128 rows) K128_WORKLOAD=c=128,in=512,out=128,req=128,budget=40,name=c128-512
+#      compares the same tiles at 128 rows with half the context
 #   g6 (needs an H200: C=128 does not fit 80 GB) g5 with its sweep's winners: the 128-row sweep on this device, then
 #      C=128 1K/128 end to end: default, the winners' tiles (RLT_LINEAR_TILES; split-K plans too, kind split_k),
 #      and the tiles with the gate/up + SiLU and split-K kernels serving 128 rows (RLT_FUSED_ROWS) — lease 11 ran g5
@@ -147,7 +149,7 @@ case $CALL in
     sweep 240 64 "o_proj,down_proj" --tma
     winners "decode tiles" 100 c=64,in=1024,out=128,req=64,budget=35,name=c64-1k ;;
   k128)
-    W="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k"
+    W="--workload ${K128_WORKLOAD:-c=128,in=1024,out=128,req=128,budget=40,name=c128-1k}"
     SKIP_TESTS=1 TILES="silu_mul:128=128x64x128x8x3x1/1,split_k:128=128x64x128x4x4x1" VARIANTS="full fullrowstiles" \
       BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R bash scripts/decode_h200.sh
     SKIP_TESTS=1 TILES="rope_kv:128=64x32x256x4x3x1/1" VARIANTS=fulltiles BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
