@@ -14,7 +14,8 @@ Two parts, each timed as CUDA-graph replays of a sequence of calls over distinct
 * ``attention`` — the Triton paged decode kernel per layer at C rows x context, for split policies
   (``min_keys_per_split``) and split tile sizes, with slots resolved once per step (``prepare``) or
   per call, and the default policy with the merge folded into the decode kernel (``rlt.attention.fold``);
-  reports us per layer against the KV byte floor.
+  reports us per layer against the KV byte floor; with ``--attention-tiles``, the launch shapes and grid order of
+  the tiles the default policy picks instead (their winners go to ``RLT_DECODE_TILES``).
 
     python -m benchmarks.decode_kernels --out results.json            # everything
     python -m benchmarks.decode_kernels --parts linear --rows 1,64     # a subset
@@ -290,7 +291,9 @@ def bench_split_k(ws: list[torch.Tensor], x: torch.Tensor, nbytes: int, sweep: b
 
 
 # -- attention ---------------------------------------------------------------------------------------------
-def bench_attention(cases: list[tuple[int, int]], dtype=torch.bfloat16) -> list[dict]:
+def bench_attention(cases: list[tuple[int, int]], dtype=torch.bfloat16, tile_sweep: bool = False) -> list[dict]:
+    """Per (rows, context): the split-policy sweep, or with ``tile_sweep`` the launch shapes of the tiles the default
+    policy uses at that shape (``DecodeTiles``: keys per iteration, warps, stages, heads-fastest grid order)."""
     from rlt.attention import AttentionMetadata, KVCache, KVLayout
     from rlt.attention.backends.triton_backend import DecodeTiles, TritonBackend
 
@@ -318,11 +321,18 @@ def bench_attention(cases: list[tuple[int, int]], dtype=torch.bfloat16) -> list[
         q = torch.randn(rows, HEADS, HEAD_DIM, device=dev, dtype=dtype)
         floor_us = rows * ctx * KV_HEADS * HEAD_DIM * 2 * 2 / 4.2e12 * 1e6
         reference = None
-        variants = [("current (per-call resolve)", TritonBackend(), False)]
-        for mk, bn, st in itertools.product((32, 64, 128, 256), (16, 32, 64), (3,)):
-            variants.append((f"prepare, min_keys {mk}, split tiles {bn}x{st}",
-                             TritonBackend(min_keys_per_split=mk, split_decode_tiles=DecodeTiles(block_n=bn, num_stages=st)), True))
-        variants.append(("prepare, default split policy, folded merge", TritonBackend(), True))
+        if tile_sweep:
+            kind = "split_decode_tiles" if TritonBackend().splits_for(rows, KV_HEADS, ctx, dev) > 1 else "decode_tiles"
+            variants = [("prepare, default", TritonBackend(), True)]
+            for bn, (warps, st), hf in itertools.product((32, 64, 128), ((4, 2), (4, 3), (8, 2), (8, 3)), (False, True)):
+                tiles = DecodeTiles(block_n=bn, num_warps=warps, num_stages=st, heads_fastest=hf)
+                variants.append((f"prepare, {kind} {bn}x{warps}x{st}x{int(hf)}", TritonBackend(**{kind: tiles}), True))
+        else:
+            variants = [("current (per-call resolve)", TritonBackend(), False)]
+            for mk, bn, st in itertools.product((32, 64, 128, 256), (16, 32, 64), (3,)):
+                variants.append((f"prepare, min_keys {mk}, split tiles {bn}x{st}",
+                                 TritonBackend(min_keys_per_split=mk, split_decode_tiles=DecodeTiles(block_n=bn, num_stages=st)), True))
+            variants.append(("prepare, default split policy, folded merge", TritonBackend(), True))
         for label, be, use_prepare in variants:
             def step(be=be, use_prepare=use_prepare):
                 m = be.prepare(kv, meta) if use_prepare else meta
@@ -338,6 +348,14 @@ def bench_attention(cases: list[tuple[int, int]], dtype=torch.bfloat16) -> list[
             results.append({"rows": rows, "context": ctx, "variant": label, "us_per_layer": ms * 1e3,
                             "floor_us": floor_us, "splits": splits, "rel_err": err})
         best = min((r for r in results if r["rows"] == rows and r["context"] == ctx), key=lambda r: r["us_per_layer"])
+        if tile_sweep:
+            dflt = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"] == "prepare, default")
+            print(f"attention C={rows:4d} ctx={ctx:6d}: default {dflt['us_per_layer']:.1f} us, best "
+                  f"{best['us_per_layer']:.1f} us ({best['variant']}, rel err {best['rel_err']:.1e}), floor {floor_us:.1f} us",
+                  flush=True)
+            del kv
+            torch.cuda.empty_cache()
+            continue
         cur = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"].startswith("current"))
         dflt = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"] == "prepare, min_keys 256, split tiles 32x3")
         folded = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"].endswith("folded merge"))
@@ -385,6 +403,25 @@ def tile_overrides(linear: list[dict], min_gain: float = 0.03) -> str:
     return ",".join(entries)
 
 
+def decode_tile_overrides(attention: list[dict], min_gain: float = 0.03) -> str:
+    """``RLT_DECODE_TILES`` from an ``--attention-tiles`` sweep: per kind (``decode`` for the one-split shapes,
+    ``split``), the launch shape with the least time summed over that kind's cases, if it beats the default's
+    sum by more than ``min_gain``."""
+    entries = []
+    for kind, env in (("decode_tiles", "decode"), ("split_decode_tiles", "split")):
+        cases = {(r["rows"], r["context"]) for r in attention if f" {kind} " in r["variant"]}
+        if not cases:
+            continue
+        totals: dict[str, float] = {}
+        for r in attention:
+            if (r["rows"], r["context"]) in cases and (f" {kind} " in r["variant"] or r["variant"] == "prepare, default"):
+                totals[r["variant"]] = totals.get(r["variant"], 0.0) + r["us_per_layer"]
+        label, best = min(totals.items(), key=lambda kv: kv[1])
+        if best < totals["prepare, default"] * (1 - min_gain):
+            entries.append(f"{env}={label.rsplit(' ', 1)[1]}")
+    return ",".join(entries)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", default="linear,attention")
@@ -392,9 +429,13 @@ def main() -> int:
     ap.add_argument("--sweep-rows", default="1,64")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="linear shapes to run (%(default)s)")
     ap.add_argument("--attention-cases", default="1x1024,1x4096,8x1024,64x1024,128x1024")
+    ap.add_argument("--attention-tiles", action="store_true", help="sweep the decode tiles' launch shapes and grid "
+                    "order (RLT_DECODE_TILES) instead of the split policy")
     ap.add_argument("--out", default="")
     ap.add_argument("--tiles-from", default="", help="print RLT_LINEAR_TILES for sweeps' JSON files (comma-separated "
                     "--out of linear sweeps) and exit: the shapes whose best launch beat the default by more than --min-gain")
+    ap.add_argument("--decode-tiles-from", default="", help="print RLT_DECODE_TILES for an --attention-tiles sweep's "
+                    "JSON (--out) and exit: per kind, the launch shape beating the default by more than --min-gain")
     ap.add_argument("--min-gain", type=float, default=0.03)
     ap.add_argument("--tma", action="store_true", help="sweep the fused projections and the split-K plans with X / W "
                     "read through TMA")
@@ -406,6 +447,10 @@ def main() -> int:
                 with open(path) as f:
                     rows += json.load(f).get("linear", [])
         print(tile_overrides(rows, args.min_gain))
+        return 0
+    if args.decode_tiles_from:
+        with open(args.decode_tiles_from) as f:
+            print(decode_tile_overrides(json.load(f).get("attention", []), args.min_gain))
         return 0
     if not torch.cuda.is_available():
         raise SystemExit("decode_kernels needs a CUDA/ROCm GPU")
@@ -423,7 +468,7 @@ def main() -> int:
                                      shapes=tuple(args.shapes.split(",")), tma=args.tma)
     if "attention" in parts:
         cases = [tuple(int(v) for v in c.split("x")) for c in args.attention_cases.split(",") if c]
-        res["attention"] = bench_attention(cases)
+        res["attention"] = bench_attention(cases, tile_sweep=args.attention_tiles)
     res["seconds"] = time.time() - t0
     if args.out:
         with open(args.out, "w") as f:

@@ -21,7 +21,8 @@
 # reading X and W through TMA, RLT_SPLIT_K_TMA=1 (the default since lease 9); notma = rlt-decode with every
 # projection on pointer loads, as before lease 9: RLT_SPLIT_K_TMA=0 and the old >16-row tiles; fullrows = full with
 # the fused gate/up + SiLU and split-K projections serving up to 128 rows, RLT_FUSED_ROWS=${FUSED_ROWS:-silu_mul=128,split_k=128}); fulltiles = full
-# with RLT_LINEAR_TILES=$TILES; fullrowstiles = fullrows with them (a 128-row sweep's winners), BENCH_ARGS (e.g. --no-sync-steps: no device
+# with RLT_LINEAR_TILES=$TILES; fullrowstiles = fullrows with them (a 128-row sweep's winners); dtiles / fulldtiles =
+# decode / full with the decode attention's launch shapes and grid order from DTILES, RLT_DECODE_TILES=$DTILES; BENCH_ARGS (e.g. --no-sync-steps: no device
 # synchronise after each step, which a pipelined loop needs to overlap), KERNELS=1 (first the kernel
 # micro-benchmarks, benchmarks/decode_kernels.py, with KERNEL_ARGS), PROFILE="c=1,in=1024 ..." (a
 # torch-profiler kernel table of decode steps; PROFILE_ARGS e.g. "--feature-module rlt.decode.feature
@@ -57,6 +58,7 @@ for variant in ${VARIANTS:-base decode}; do
   tiles=${RLT_LINEAR_TILES:-}
   splitktma=${RLT_SPLIT_K_TMA:-}
   rows=${RLT_FUSED_ROWS:-}
+  dtiles=${RLT_DECODE_TILES:-}
   uva=
   case $variant in  # base: the base engine; decode: rlt-decode's features; nopipe: rlt-decode without its pipeline
     none) continue ;;  # VARIANTS=none: no offline runs (a PROFILE alone)
@@ -84,10 +86,12 @@ for variant in ${VARIANTS:-base decode}; do
     fullpaged) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); dense=0 ;;
     fullrows) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); rows=${FUSED_ROWS:-silu_mul=128,split_k=128} ;;
     fulltiles) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); tiles=${TILES:?fulltiles needs TILES} ;;
+    dtiles) extra=(--feature-module rlt.decode.feature); dtiles=${DTILES:?dtiles needs DTILES} ;;
+    fulldtiles) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); dtiles=${DTILES:?fulldtiles needs DTILES} ;;
     fullrowstiles) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); rows=${FUSED_ROWS:-silu_mul=128,split_k=128}
       tiles=${TILES:?fullrowstiles needs TILES} ;;
   esac
-  RLT_FUSED_ROWS=$rows RLT_SPLIT_K_TMA=$splitktma RLT_LINEAR_TILES=$tiles RLT_DENSE_PREFILL=$dense RLT_FOLD=$foldv RLT_PREFETCH=$prefetch RLT_PDL=$pdl RLT_SPLIT_K=$split RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
+  RLT_DECODE_TILES=$dtiles RLT_FUSED_ROWS=$rows RLT_SPLIT_K_TMA=$splitktma RLT_LINEAR_TILES=$tiles RLT_DENSE_PREFILL=$dense RLT_FOLD=$foldv RLT_PREFETCH=$prefetch RLT_PDL=$pdl RLT_SPLIT_K=$split RLT_UVA=${uva:-${RLT_UVA:-}} RLT_FUSED_LINEAR=$fused timeout ${BENCH_TIMEOUT:-200} $PY -m benchmarks.offline_bench --model ouro-1.4b --dtype bfloat16 --attention-backend triton \
     --work-dir /tmp/rlt-bench --out-dir "$OUT/$variant" --reps 3 --warmup-output-len 4 "${extra[@]}" ${BENCH_ARGS:-} "${WORKLOADS[@]}" \
     > "$OUT/$variant.log" 2>&1
   echo "== $variant"; grep -E "^\| (c1-1k|c64-1k|c65-1k|c128-1k|c128-512|c64-1k-adaptive|c64-refill|c64-refill-adaptive|c1-1k-adaptive) \| triton" "$OUT/$variant/results.md" || tail -20 "$OUT/$variant.log"

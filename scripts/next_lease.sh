@@ -44,6 +44,11 @@
 #      GPU tests under a > 64-row split-K entry passed on an H100 (lease 12, call 6): not repeated here. On an H100
 #      (80 GB: 1K prompts fit 73 of the 128 rows) K128_WORKLOAD=c=128,in=512,out=128,req=128,budget=40,name=c128-512
 #      compares the same tiles at 128 rows with half the context
+#   at the decode attention's launch shapes and grid order (DecodeTiles: keys per iteration x warps x stages, and
+#      heads_fastest: the 16 head programs of a row launched together, reading the same 4 KB token stripes of its
+#      pages at about the same time) swept at 64 and 128 rows x 1K (the one-split tiles: attention is ~3.3 of C=64's
+#      4.5 ms per loop step, at ~3.9 TB/s) and 1 x 1K (the split tiles); then C=64 decode with the winners
+#      (RLT_DECODE_TILES, > 2 % faster) against the default, and with AT_C128=1 (an H200) C=128 1K/128 end to end
 #   g6 (needs an H200: C=128 does not fit 80 GB) g5 with its sweep's winners: the 128-row sweep on this device, then
 #      C=128 1K/128 end to end: default, the winners' tiles (RLT_LINEAR_TILES; split-K plans too, kind split_k),
 #      and the tiles with the gate/up + SiLU and split-K kernels serving 128 rows (RLT_FUSED_ROWS) — lease 11 ran g5
@@ -71,7 +76,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p}
+CALL=${CALL:?set CALL to one of a..i, at, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -157,6 +162,18 @@ case $CALL in
     SKIP_TESTS=1 TILES="silu_mul:128=128x64x128x8x3x1/1,split_k:128=128x64x128x4x4x1" VARIANTS="full fullrowstiles" \
       BENCH_ARGS="--no-sync-steps --max-num-batched-tokens 32768" BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" \
       OUT=$R/budget32768 bash scripts/decode_h200.sh ;;
+  at)
+    timeout 300 python3 -m benchmarks.decode_kernels --parts attention --attention-tiles \
+      --attention-cases "${AT_CASES:-64x1024,128x1024,1x1024}" --out "$R/attn.json" > "$R/attn.log" 2>&1
+    grep -E "^attention" "$R/attn.log" || tail -5 "$R/attn.log"
+    DTILES=$(python3 -m benchmarks.decode_kernels --decode-tiles-from "$R/attn.json" --min-gain 0.02) || exit 1
+    echo "RLT_DECODE_TILES=${DTILES:-(none beat the default by 2 %)}" | tee "$R/dtiles.txt"
+    [ -z "$DTILES" ] && exit 0
+    SKIP_TESTS=1 DTILES="$DTILES" VARIANTS="decode dtiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
+      ONLY_WORKLOADS="--workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k" OUT=$R bash scripts/decode_h200.sh
+    [ "${AT_C128:-0}" = 1 ] && SKIP_TESTS=1 DTILES="$DTILES" VARIANTS="full fulldtiles" BENCH_ARGS=--no-sync-steps \
+      BENCH_TIMEOUT=100 ONLY_WORKLOADS="--workload c=128,in=1024,out=128,req=128,budget=40,name=c128-1k" \
+      OUT=$R bash scripts/decode_h200.sh ;;
   g8)
     sweep 330 1 "qkv+rope+kv,gate_up+silu,o_proj,down_proj" --tma
     winners "decode tiles" 90 c=1,in=1024,out=128,req=1,budget=25,name=c1-1k ;;

@@ -32,7 +32,7 @@ triton = pytest.importorskip("triton")
 
 from rlt.attention import KVLayout  # noqa: E402
 from rlt.attention.backends.torch_ref import TorchReferenceBackend  # noqa: E402
-from rlt.attention.backends.triton_backend import PrefillTiles, TritonBackend  # noqa: E402
+from rlt.attention.backends.triton_backend import DecodeTiles, PrefillTiles, TritonBackend  # noqa: E402
 from rlt.attention.synthetic import random_problem  # noqa: E402
 
 from gpu_helpers import first_token_gap, random_prompts as _prompts, run_backends, run_prompts as _run  # noqa: E402
@@ -81,6 +81,17 @@ def test_mixed_and_chunked_batches(case, heads, layout, dtype):
 @pytest.mark.parametrize("variant", ["elementwise", "grouped"])
 def test_split_kv_counts(splits, variant):
     check(DECODE, num_splits=splits, decode_variant=variant, seed=splits)
+
+
+@pytest.mark.parametrize("splits", [1, 7])
+@pytest.mark.parametrize("variant", ["elementwise", "grouped"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_heads_fastest_decode_grid(splits, variant, dtype):
+    """``DecodeTiles.heads_fastest`` (grid ``(heads, rows, splits)``) in both decode variants, split or not."""
+    tiles = dict(decode_tiles=DecodeTiles(heads_fastest=True),
+                 split_decode_tiles=DecodeTiles(block_n=32, num_warps=4, num_stages=3, heads_fastest=True))
+    check(DECODE, num_splits=splits, decode_variant=variant, dtype=dtype, seed=40 + splits, **tiles)
+    check(MIXED, heads=(16, 4), num_splits=splits, decode_variant=variant, dtype=dtype, seed=41 + splits, **tiles)
 
 
 @pytest.mark.parametrize("variant", ["elementwise", "grouped"])

@@ -20,7 +20,9 @@ pytest.importorskip("triton")
 
 from rlt.attention import KVLayout  # noqa: E402
 from rlt.attention.backends.torch_ref import TorchReferenceBackend  # noqa: E402
-from rlt.attention.backends.triton_backend import DecodeTiles, PrefillTiles, TritonBackend  # noqa: E402
+from rlt.attention.backends.triton_backend import (  # noqa: E402
+    DecodeTiles, PrefillTiles, TritonBackend, decode_tiles_from_env,
+)
 from rlt.attention.synthetic import random_problem  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -82,6 +84,32 @@ def test_split_kv_decode(splits, variant, pre):
     have at most 4 tiles of 16 keys, so 8 and 64 splits leave some empty)."""
     check(DECODE_ROWS, "gqa2", num_splits=splits, decode_variant=variant, pre_resolve_decode=pre, seed=splits,
           **SMALL)
+
+
+@pytest.mark.parametrize("variant", ["elementwise", "grouped"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("heads", ["mha", "gqa3"])
+def test_heads_fastest_grid_matches_reference(variant, splits, heads):
+    """The heads-fastest grid order (``DecodeTiles.heads_fastest``) computes the same rows, split or not."""
+    tiles = DecodeTiles(block_n=16, heads_fastest=True)
+    check(DECODE_ROWS, heads, num_splits=splits, decode_variant=variant, seed=11 + splits, decode_tiles=tiles,
+          split_decode_tiles=tiles)
+    check(MIXED_ROWS, heads, num_splits=splits, decode_variant=variant, seed=12 + splits, decode_tiles=tiles,
+          split_decode_tiles=tiles, prefill_tiles=PrefillTiles(block_m=16, block_n=16))
+
+
+def test_decode_tiles_from_env(monkeypatch):
+    assert decode_tiles_from_env("") == {}
+    assert decode_tiles_from_env("decode=128x8x3x1, split=16x2x4") == {
+        "decode_tiles": DecodeTiles(128, 8, 3, True), "split_decode_tiles": DecodeTiles(16, 2, 4, False)}
+    for bad in ("decode=64x4", "prefill=64x4x2", "split=64x4x2x1x0", "decode=64xfourx2"):
+        with pytest.raises(ValueError, match="RLT_DECODE_TILES entry"):
+            decode_tiles_from_env(bad)
+    monkeypatch.setenv("RLT_DECODE_TILES", "decode=32x4x3x1")
+    backend = TritonBackend()
+    assert backend.decode_tiles == DecodeTiles(32, 4, 3, True)
+    assert backend.split_decode_tiles == DecodeTiles(32, 4, 3)  # the default for the kind not named
+    assert TritonBackend(decode_tiles=DecodeTiles(16)).decode_tiles == DecodeTiles(16)  # arguments win
 
 
 @pytest.mark.parametrize("variant", ["elementwise", "grouped"])

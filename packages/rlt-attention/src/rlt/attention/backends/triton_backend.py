@@ -139,11 +139,31 @@ def _next_pow2(x: int) -> int:
 
 @attrs.frozen
 class DecodeTiles:
-    """Decode tile shape: keys per inner iteration, warps per program, software-pipeline depth."""
+    """Decode tile shape: keys per inner iteration, warps per program, software-pipeline depth; and the grid
+    order (``heads_fastest``: the head programs of a row launch together, see
+    :mod:`rlt.attention.backends.triton_kernels.paged_decode`)."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
+    heads_fastest: bool = False
+
+
+def decode_tiles_from_env(spec: str) -> dict[str, DecodeTiles]:
+    """``RLT_DECODE_TILES`` (for sweeps): comma-separated ``KIND=BNxWARPSxSTAGES[xH]`` with KIND ``decode`` (one
+    split) or ``split`` (split-KV), ``H`` 1 for the heads-fastest grid; returns the constructor's keyword
+    arguments (``decode_tiles`` / ``split_decode_tiles``) for the kinds named."""
+    out: dict[str, DecodeTiles] = {}
+    for entry in filter(None, (e.strip() for e in spec.split(","))):
+        kind, _, shape = entry.partition("=")
+        parts = shape.split("x")
+        if kind not in ("decode", "split") or len(parts) not in (3, 4) or not all(p.isdigit() for p in parts):
+            raise ValueError(f"RLT_DECODE_TILES entry {entry!r}: expected decode=BNxWARPSxSTAGES[xH] or "
+                             "split=BNxWARPSxSTAGES[xH] (H: 1 for the heads-fastest grid)")
+        bn, warps, stages, *h = (int(p) for p in parts)
+        key = "decode_tiles" if kind == "decode" else "split_decode_tiles"
+        out[key] = DecodeTiles(block_n=bn, num_warps=warps, num_stages=stages, heads_fastest=bool(h and h[0]))
+    return out
 
 
 @attrs.frozen
@@ -190,8 +210,8 @@ class TritonBackend(AttentionBackend):
         *,
         dot_precision: str = "ieee",
         exact_fp32: bool = True,
-        decode_tiles: DecodeTiles = DecodeTiles(),
-        split_decode_tiles: DecodeTiles = DecodeTiles(block_n=32, num_warps=4, num_stages=3),
+        decode_tiles: DecodeTiles | None = None,
+        split_decode_tiles: DecodeTiles | None = None,
         prefill_tiles: PrefillTiles = PrefillTiles(),
         fp32_prefill_tiles: PrefillTiles = PrefillTiles(block_m=128, block_n=64, num_warps=8, num_stages=3),
         pre_resolve_decode: bool = True,
@@ -215,8 +235,10 @@ class TritonBackend(AttentionBackend):
             raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
         self.dot_precision = dot_precision
         self.exact_fp32 = exact_fp32
-        self.decode_tiles = decode_tiles
-        self.split_decode_tiles = split_decode_tiles
+        env_tiles = decode_tiles_from_env(os.environ.get("RLT_DECODE_TILES", ""))
+        self.decode_tiles = decode_tiles or env_tiles.get("decode_tiles", DecodeTiles())
+        self.split_decode_tiles = split_decode_tiles or env_tiles.get(
+            "split_decode_tiles", DecodeTiles(block_n=32, num_warps=4, num_stages=3))
         self.pre_resolve_decode = pre_resolve_decode
         self.pre_resolve_prefill = pre_resolve_prefill
         self.prefill_tiles = prefill_tiles
@@ -448,16 +470,21 @@ class TritonBackend(AttentionBackend):
         tiles = self.split_decode_tiles if splits > 1 else self.decode_tiles
         block_n = tiles.block_n if block_d <= 128 else max(16, tiles.block_n // 2)
         pdl = kernel_options(q)  # rlt.attention.pdl: the decode kernels follow its contract
-        launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages, **pdl)
+        heads_fastest = tiles.heads_fastest and rows <= 65535  # grid y is 16-bit
+        launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages, HEADS_FASTEST=heads_fastest, **pdl)
+
+        def grid(heads: int) -> tuple[int, int, int]:
+            return (heads, rows, splits) if heads_fastest else (rows, heads, splits)
+
         if variant == "grouped":
-            kernels.decode_grouped_kernel[(rows, nkv, splits)](
+            kernels.decode_grouped_kernel[grid(nkv)](
                 q, k, v, out, acc, ml, counters, *common, splits,
                 NUM_HEADS=nh, GROUP=group, BLOCK_G=max(16, _next_pow2(group)), HEAD_DIM=d, BLOCK_D=block_d,
                 BLOCK_SIZE=block_size, BLOCK_N=max(16, block_n), SPLIT=splits > 1, LAST_EXITED=last_exited,
                 PRE_RESOLVED=pre, DOT_PRECISION=precision, FOLD=fold, BLOCK_S=MAX_SPLITS, **launch,
             )
         else:
-            kernels.decode_kernel[(rows, nh, splits)](
+            kernels.decode_kernel[grid(nh)](
                 q, k, v, out, acc, ml, counters, *common, splits,
                 NUM_HEADS=nh, GROUP=group, HEAD_DIM=d, BLOCK_D=block_d, BLOCK_SIZE=block_size,
                 BLOCK_N=block_n, SPLIT=splits > 1, LAST_EXITED=last_exited, PRE_RESOLVED=pre, FOLD=fold,

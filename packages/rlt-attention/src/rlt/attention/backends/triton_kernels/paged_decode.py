@@ -1,6 +1,8 @@
 """Paged decode attention: one query token per row, flash-decoding over depth-resolved pages.
 
-Grid ``(rows, head_programs, num_splits)``; the split count is a run-time argument (only "split
+Grid ``(rows, head_programs, num_splits)`` — or ``(head_programs, rows, num_splits)`` with ``HEADS_FASTEST``, so
+the programs the hardware hands out together are the head programs of a few rows, reading the same pages (NHD:
+one token's heads are one contiguous stripe) at about the same time; the split count is a run-time argument (only "split
 or not" is compiled in), so a new batch size never triggers a new compile. Each program walks its share of the row's key tiles
 (``cdiv(tiles, num_splits)`` consecutive tiles) with an online softmax in fp32 (exp2 domain).
 With one split it normalises and writes the output row; with several it writes the unnormalised
@@ -28,6 +30,14 @@ import triton.language as tl
 from rlt.attention.backends.triton_kernels.paging import STEP_VARYING, key_offsets
 from rlt.attention.backends.triton_kernels.fold import last_arrival, reset_counter
 from rlt.attention.backends.triton_kernels.pdl import dependent_wait, launch_dependents
+
+
+@triton.jit
+def _row_and_head(HEADS_FASTEST: tl.constexpr):
+    """This program's (row, head program) for the grid order ``HEADS_FASTEST`` chose."""
+    if HEADS_FASTEST:
+        return tl.program_id(1), tl.program_id(0)
+    return tl.program_id(0), tl.program_id(1)
 
 
 @triton.jit
@@ -84,10 +94,10 @@ def decode_kernel(
     FOLD: tl.constexpr = False,
     BLOCK_S: tl.constexpr = 64,
     PDL: tl.constexpr = False,
+    HEADS_FASTEST: tl.constexpr = False,
 ):
     dependent_wait(PDL)
-    row = tl.program_id(0)
-    head = tl.program_id(1)
+    row, head = _row_and_head(HEADS_FASTEST)
     split = tl.program_id(2)
     q_start = tl.load(qsl_ptr + row)
     q_len = tl.load(qsl_ptr + row + 1) - q_start
@@ -175,10 +185,10 @@ def decode_grouped_kernel(
     FOLD: tl.constexpr = False,
     BLOCK_S: tl.constexpr = 64,
     PDL: tl.constexpr = False,
+    HEADS_FASTEST: tl.constexpr = False,
 ):
     dependent_wait(PDL)
-    row = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    row, kv_head = _row_and_head(HEADS_FASTEST)
     split = tl.program_id(2)
     q_start = tl.load(qsl_ptr + row)
     q_len = tl.load(qsl_ptr + row + 1) - q_start
