@@ -48,7 +48,8 @@
 #      heads_fastest: the 16 head programs of a row launched together, reading the same 4 KB token stripes of its
 #      pages at about the same time) swept at 64 and 128 rows x 1K (the one-split tiles: attention is ~3.3 of C=64's
 #      4.5 ms per loop step, at ~3.9 TB/s) and 1 x 1K (the split tiles); then C=64 decode with the winners
-#      (RLT_DECODE_TILES, > 2 % faster) against the default, and with AT_C128=1 (an H200) C=128 1K/128 end to end
+#      (RLT_DECODE_TILES, > 2 % faster) against the default, and with AT_C128=1 (an H200) C=128 1K/128 end to end;
+#      first the heads-fastest grid's GPU tests (both decode variants, split or not, bf16 / fp32)
 #   g6 (needs an H200: C=128 does not fit 80 GB) g5 with its sweep's winners: the 128-row sweep on this device, then
 #      C=128 1K/128 end to end: default, the winners' tiles (RLT_LINEAR_TILES; split-K plans too, kind split_k),
 #      and the tiles with the gate/up + SiLU and split-K kernels serving 128 rows (RLT_FUSED_ROWS) — lease 11 ran g5
@@ -163,6 +164,9 @@ case $CALL in
       BENCH_ARGS="--no-sync-steps --max-num-batched-tokens 32768" BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" \
       OUT=$R/budget32768 bash scripts/decode_h200.sh ;;
   at)
+    timeout 120 python3 -m pytest tests/gpu/test_triton_attention_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" -rfE \
+      -k heads_fastest > "$R/heads-fastest-tests.log" 2>&1
+    tail -1 "$R/heads-fastest-tests.log"
     timeout 300 python3 -m benchmarks.decode_kernels --parts attention --attention-tiles \
       --attention-cases "${AT_CASES:-64x1024,128x1024,1x1024}" --out "$R/attn.json" > "$R/attn.log" 2>&1
     grep -E "^attention" "$R/attn.log" || tail -5 "$R/attn.log"
