@@ -36,14 +36,14 @@
 #      against the default, back to back
 #   g9 the split-K o_proj / down_proj plans swept at 64 rows through TMA (lease 9's 64-row sweep covered only the
 #      fused q/k/v and gate/up kernels), then C=64 decode with the winner (kind split_k) against the default
-#   k128 (needs an H200) C=128 1K/128 end to end with rlt-decode + rlt-prefill: the default (`full`: lease 12's q/k/v
-#      tiles, one 128-row block above 64 rows) against `fullrowstiles` (lease 11's 128-row winners for gate/up + SiLU
-#      and split-K too, the fused kernels serving up to 128 rows: at C=65 they gave part of q/k/v's gain back, at 128
-#      rows their blocks are full) and `fulltiles` (the q/k/v tiles before lease 12), back to back; then `full` and
-#      `fullrowstiles` at a 32K-token step budget (lease 9: 2,401 against 2,341 at the harness's 16K). The fused-ops
-#      GPU tests under a > 64-row split-K entry passed on an H100 (lease 12, call 6): not repeated here. On an H100
+#   k128 (needs an H200) C=128 1K/128 end to end with rlt-decode + rlt-prefill, back to back: the default (`full`)
+#      against `fullrowstiles` (lease 11's 128-row winners for gate/up + SiLU and split-K, those kernels serving up to
+#      128 rows: lease 13 on an H100, decode tok/s: -1.0 % at C=65, +1.1 % at C=96, +1.6 % at C=115), `fulldtiles`
+#      (lease 13's decode attention tiles: 64 keys x 4 warps x 3 stages, heads-fastest grid; C=64 +0.9 % twice on
+#      the H100) and both together; then C=64 decode with the attention tiles (K128_PART=a, ~330 s); K128_PART=b:
+#      `full` and both at a 32K-token step budget (lease 9: 2,401 against 2,341 at the harness's 16K). On an H100
 #      (80 GB: 1K prompts fit 73 of the 128 rows) K128_WORKLOAD=c=128,in=512,out=128,req=128,budget=40,name=c128-512
-#      compares the same tiles at 128 rows with half the context
+#      compares the same tiles at 115 rows with half the context
 #   at the decode attention's launch shapes and grid order (DecodeTiles: keys per iteration x warps x stages, and
 #      heads_fastest: the 16 head programs of a row launched together, reading the same 4 KB token stripes of its
 #      pages at about the same time) swept at 64 and 128 rows x 1K (the one-split tiles: attention is ~3.3 of C=64's
@@ -154,15 +154,23 @@ case $CALL in
   g9)
     sweep 240 64 "o_proj,down_proj" --tma
     winners "decode tiles" 100 c=64,in=1024,out=128,req=64,budget=35,name=c64-1k ;;
-  k128)
+  k128)  # K128_PART=a: budget 16K (and C=64 with the decode tiles); b: 32K
     W="--workload ${K128_WORKLOAD:-c=128,in=1024,out=128,req=128,budget=40,name=c128-1k}"
-    SKIP_TESTS=1 TILES="silu_mul:128=128x64x128x8x3x1/1,split_k:128=128x64x128x4x4x1" VARIANTS="full fullrowstiles" \
-      BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R bash scripts/decode_h200.sh
-    SKIP_TESTS=1 TILES="rope_kv:128=64x32x256x4x3x1/1" VARIANTS=fulltiles BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
-      ONLY_WORKLOADS="$W" OUT=$R bash scripts/decode_h200.sh
-    SKIP_TESTS=1 TILES="silu_mul:128=128x64x128x8x3x1/1,split_k:128=128x64x128x4x4x1" VARIANTS="full fullrowstiles" \
-      BENCH_ARGS="--no-sync-steps --max-num-batched-tokens 32768" BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" \
-      OUT=$R/budget32768 bash scripts/decode_h200.sh ;;
+    T128="silu_mul:128=128x64x128x8x3x1/1,split_k:128=128x64x128x4x4x1"
+    DT=${DTILES:-decode=64x4x3x1,split=32x4x2x0}
+    if [ "${K128_PART:-a}" = a ]; then
+      SKIP_TESTS=1 TILES="$T128" DTILES="$DT" VARIANTS="full fullrowstiles fulldtiles" BENCH_ARGS=--no-sync-steps \
+        BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R bash scripts/decode_h200.sh
+      RLT_DECODE_TILES="$DT" SKIP_TESTS=1 TILES="$T128" VARIANTS=fullrowstiles BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
+        ONLY_WORKLOADS="$W" OUT=$R/both bash scripts/decode_h200.sh
+      SKIP_TESTS=1 DTILES="$DT" VARIANTS="decode dtiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
+        ONLY_WORKLOADS="--workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k" OUT=$R bash scripts/decode_h200.sh
+    else
+      SKIP_TESTS=1 VARIANTS=full BENCH_ARGS="--no-sync-steps --max-num-batched-tokens 32768" BENCH_TIMEOUT=100 \
+        ONLY_WORKLOADS="$W" OUT=$R/budget32768 bash scripts/decode_h200.sh
+      RLT_DECODE_TILES="$DT" SKIP_TESTS=1 TILES="$T128" VARIANTS=fullrowstiles BENCH_ARGS="--no-sync-steps \
+        --max-num-batched-tokens 32768" BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R/budget32768/both bash scripts/decode_h200.sh
+    fi ;;
   at)
     timeout 120 python3 -m pytest tests/gpu/test_triton_attention_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" -rfE \
       -k heads_fastest > "$R/heads-fastest-tests.log" 2>&1
