@@ -38,10 +38,11 @@
 #      fused q/k/v and gate/up kernels), then C=64 decode with the winner (kind split_k) against the default
 #   k128 (needs an H200) C=128 1K/128 end to end with rlt-decode + rlt-prefill, back to back: the default (`full`)
 #      against `fullrowstiles` (lease 11's 128-row winners for gate/up + SiLU and split-K, those kernels serving up to
-#      128 rows: lease 13 on an H100, decode tok/s: -1.0 % at C=65, +1.1 % at C=96, +1.6 % at C=115), `fulldtiles`
-#      (lease 13's decode attention tiles: 64 keys x 4 warps x 3 stages, heads-fastest grid; C=64 +0.9 % twice on
-#      the H100) and both together; then C=64 decode with the attention tiles (K128_PART=a, ~330 s); K128_PART=b:
-#      `full` and both at a 32K-token step budget (lease 9: 2,401 against 2,341 at the harness's 16K). On an H100
+#      128 rows: lease 13 on an H100, decode tok/s: -1.0 % at C=65, +1.1 % at C=96, +1.6 % at C=115) and `fulldtiles`
+#      (the decode attention tiles before lease 13, RLT_DECODE_TILES=decode=64x4x2x0: the default since is 3 stages
+#      and the heads-fastest grid, C=64 +0.9 % twice on the H100); then C=64 decode, `decode` against `dtiles` (the
+#      old attention tiles) (K128_PART=a, ~300 s); K128_PART=b: `full` and `fullrowstiles` at a 32K-token step
+#      budget (lease 9: 2,401 against 2,341 at the harness's 16K). On an H100
 #      (80 GB: 1K prompts fit 73 of the 128 rows) K128_WORKLOAD=c=128,in=512,out=128,req=128,budget=40,name=c128-512
 #      compares the same tiles at 115 rows with half the context
 #   at the decode attention's launch shapes and grid order (DecodeTiles: keys per iteration x warps x stages, and
@@ -157,19 +158,17 @@ case $CALL in
   k128)  # K128_PART=a: budget 16K (and C=64 with the decode tiles); b: 32K
     W="--workload ${K128_WORKLOAD:-c=128,in=1024,out=128,req=128,budget=40,name=c128-1k}"
     T128="silu_mul:128=128x64x128x8x3x1/1,split_k:128=128x64x128x4x4x1"
-    DT=${DTILES:-decode=64x4x3x1,split=32x4x2x0}
+    DT=${DTILES:-decode=64x4x2x0}  # the decode attention tiles before lease 13 (the default: 64x4x3, heads fastest)
     if [ "${K128_PART:-a}" = a ]; then
       SKIP_TESTS=1 TILES="$T128" DTILES="$DT" VARIANTS="full fullrowstiles fulldtiles" BENCH_ARGS=--no-sync-steps \
         BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R bash scripts/decode_h200.sh
-      RLT_DECODE_TILES="$DT" SKIP_TESTS=1 TILES="$T128" VARIANTS=fullrowstiles BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
-        ONLY_WORKLOADS="$W" OUT=$R/both bash scripts/decode_h200.sh
       SKIP_TESTS=1 DTILES="$DT" VARIANTS="decode dtiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
         ONLY_WORKLOADS="--workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k" OUT=$R bash scripts/decode_h200.sh
     else
       SKIP_TESTS=1 VARIANTS=full BENCH_ARGS="--no-sync-steps --max-num-batched-tokens 32768" BENCH_TIMEOUT=100 \
         ONLY_WORKLOADS="$W" OUT=$R/budget32768 bash scripts/decode_h200.sh
-      RLT_DECODE_TILES="$DT" SKIP_TESTS=1 TILES="$T128" VARIANTS=fullrowstiles BENCH_ARGS="--no-sync-steps \
-        --max-num-batched-tokens 32768" BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R/budget32768/both bash scripts/decode_h200.sh
+      SKIP_TESTS=1 TILES="$T128" VARIANTS=fullrowstiles BENCH_ARGS="--no-sync-steps --max-num-batched-tokens 32768" \
+        BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R/budget32768 bash scripts/decode_h200.sh
     fi ;;
   at)
     timeout 120 python3 -m pytest tests/gpu/test_triton_attention_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" -rfE \
