@@ -41,7 +41,7 @@
 #      128 rows: lease 13 on an H100, decode tok/s: -1.0 % at C=65, +1.1 % at C=96, +1.6 % at C=115) and `fulldtiles`
 #      (the decode attention tiles before lease 13, RLT_DECODE_TILES=decode=64x4x2x0: the default since is 3 stages
 #      and the heads-fastest grid, C=64 +0.9 % twice on the H100); then C=64 decode, `decode` against `dtiles` (the
-#      old attention tiles) (K128_PART=a, ~300 s); K128_PART=b: `full` and `fullrowstiles` at a 32K-token step
+#      old attention tiles; K128_C64=0 leaves it out) (K128_PART=a, ~300 s); K128_PART=b: `full` and `fullrowstiles` at a 32K-token step
 #      budget (lease 9: 2,401 against 2,341 at the harness's 16K). On an H100
 #      (80 GB: 1K prompts fit 73 of the 128 rows) K128_WORKLOAD=c=128,in=512,out=128,req=128,budget=40,name=c128-512
 #      compares the same tiles at 115 rows with half the context
@@ -162,7 +162,7 @@ case $CALL in
     if [ "${K128_PART:-a}" = a ]; then
       SKIP_TESTS=1 TILES="$T128" DTILES="$DT" VARIANTS="full fullrowstiles fulldtiles" BENCH_ARGS=--no-sync-steps \
         BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R bash scripts/decode_h200.sh
-      SKIP_TESTS=1 DTILES="$DT" VARIANTS="decode dtiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
+      [ "${K128_C64:-1}" = 1 ] && SKIP_TESTS=1 DTILES="$DT" VARIANTS="decode dtiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
         ONLY_WORKLOADS="--workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k" OUT=$R bash scripts/decode_h200.sh
     else
       SKIP_TESTS=1 VARIANTS=full BENCH_ARGS="--no-sync-steps --max-num-batched-tokens 32768" BENCH_TIMEOUT=100 \
