@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 lease calls, CALL=a..i (and b2, bc, d2, g2, g3, g4, g5, n), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
+# H200 lease calls, CALL=a..i (and at, b2, bc, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
 #   OUT=benchmarks/results/h200-<date>-leaseN CALL=g bash scripts/next_lease.sh
 # Lease 9 (benchmarks/results/h200-20261205-lease9) ran g3, a, g2, d2 (lags 2, 1), b2, i's budgets and g4's end-to-end
 # half: TMA tiles above 16 rows and the split-K projections through TMA paid and are on by default; the suite found
@@ -9,10 +9,12 @@
 # benchmarks/results/h100-20261206-lease11) ran n, g5 (its C=128 half did not fit 80 GB), i's prefill profile and the
 # penalties' GPU test. Lease 12 (an H100, benchmarks/results/h100-20261206-lease12) ran p (prefetch alone: slower), g7
 # (the 128-row q/k/v tiles: +2 % at C=65, the default since), g8 (the one-row sweep through TMA: nothing) and d2's lags
-# 0 / 1 (lag 0 slower), and g9's sweep (the 64-row split-K plans: 0.5 us per layer, not timed end to end). Next lease,
-# by priority:
-#   k128 (H200 only: C=128 with the new q/k/v default against the old tiles) > i's C=128 decode profile (H200 only)
-#   > g6 (H200 only) > h (FA4) > d > a (the whole suite, on an H200). Each call:
+# 0 / 1 (lag 0 slower), and g9's sweep (the 64-row split-K plans: 0.5 us per layer, not timed end to end). Lease 13 (an
+# H100, benchmarks/results/h100-20261206-lease13) ran at (the decode attention tiles: heads-fastest grid + 3 stages,
+# C=64 +0.9 %, the default since) and the 128-row projection tiles at 65 / 96 / 115 rows. Next lease, by priority:
+#   k128 (H200 only: C=128 1K/128 with the 128-row projection tiles and the old attention tiles against the default;
+#   K128_PART=a, then b: the 32K step budget) > i's C=128 decode profile (H200 only) > h (FA4) > d > a (the whole
+#   suite, on an H200: the new attention default has not run the engine GPU tests yet). Each call:
 #   n  rlt-decode with every projection on pointer loads (`notma`: the pre-lease-9 defaults) against the default, C=1
 #      and C=64, back to back: lease 9 timed the two TMA flips separately (+1.2 % and +0.4-0.8 %), not together
 #   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
