@@ -148,7 +148,8 @@ def _bench_linear(rows, sweep_rows, dtype, budget_bytes, shapes, tma, limits: di
             base = graph_time_ms(lambda: [unfused(w) for w in ws]) / copies
             limit = {"rope": "MAX_ROWS_ROPE_KV", "silu": "MAX_ROWS_SILU_MUL"}.get(kind, "MAX_ROWS_SPLIT_K")
             row = {"shape": name, "rows": m, "weight_mb": nbytes / 2**20, "unfused_us": base * 1e3,
-                   "unfused_gbps": nbytes / base / 1e6, "served": m <= limits[limit]}
+                   "unfused_gbps": nbytes / base / 1e6, "served": m <= limits[limit]
+                   and (kind == "rope" or m not in limits["CUBLAS_ROWS"])}
             if kind == "plain":
                 if name in SPLIT_K_SHAPES:
                     row.update(bench_split_k(ws, x, nbytes, m in sweep_rows, tma))
@@ -216,10 +217,10 @@ def _split_plans(m: int, tma: bool = False) -> list[fl.SplitPlan]:
 def _lifted_row_limits():
     """The fused / split-K kernels serve any row count inside (rows above their limits are timed to choose
     the limits: ``RLT_FUSED_ROWS`` then takes a winner end to end); the limits after."""
-    names = ("MAX_ROWS_ROPE_KV", "MAX_ROWS_SILU_MUL", "MAX_ROWS_SPLIT_K")
+    names = ("MAX_ROWS_ROPE_KV", "MAX_ROWS_SILU_MUL", "MAX_ROWS_SPLIT_K", "CUBLAS_ROWS")
     saved = {n: getattr(fl, n) for n in names}
     for n in names:
-        setattr(fl, n, 1 << 20)
+        setattr(fl, n, range(0) if n == "CUBLAS_ROWS" else 1 << 20)
     try:
         yield saved
     finally:

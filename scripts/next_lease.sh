@@ -11,10 +11,11 @@
 # (the 128-row q/k/v tiles: +2 % at C=65, the default since), g8 (the one-row sweep through TMA: nothing) and d2's lags
 # 0 / 1 (lag 0 slower), and g9's sweep (the 64-row split-K plans: 0.5 us per layer, not timed end to end). Lease 13 (an
 # H100, benchmarks/results/h100-20261206-lease13) ran at (the decode attention tiles: heads-fastest grid + 3 stages,
-# C=64 +0.9 %, the default since) and the 128-row projection tiles at 65 / 96 / 115 rows. Next lease, by priority:
-#   k128 (H200 only: C=128 1K/128 with the 128-row projection tiles and the old attention tiles against the default;
+# C=64 +0.9 %, the default since) and the 128-row projection tiles at 65 / 96 / 115 rows (the default from 96 rows
+# since). Next lease, by priority:
+#   k128 (H200 only: C=128 1K/128, the lease-13 defaults against the old projection rows and attention tiles;
 #   K128_PART=a, then b: the 32K step budget) > i's C=128 decode profile (H200 only) > h (FA4) > d > a (the whole
-#   suite, on an H200: the new attention default has not run the engine GPU tests yet). Each call:
+#   suite, on an H200: the lease-13 defaults have not run the engine GPU tests yet). Each call:
 #   n  rlt-decode with every projection on pointer loads (`notma`: the pre-lease-9 defaults) against the default, C=1
 #      and C=64, back to back: lease 9 timed the two TMA flips separately (+1.2 % and +0.4-0.8 %), not together
 #   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
@@ -38,15 +39,15 @@
 #      against the default, back to back
 #   g9 the split-K o_proj / down_proj plans swept at 64 rows through TMA (lease 9's 64-row sweep covered only the
 #      fused q/k/v and gate/up kernels), then C=64 decode with the winner (kind split_k) against the default
-#   k128 (needs an H200) C=128 1K/128 end to end with rlt-decode + rlt-prefill, back to back: the default (`full`)
-#      against `fullrowstiles` (lease 11's 128-row winners for gate/up + SiLU and split-K, those kernels serving up to
-#      128 rows: lease 13 on an H100, decode tok/s: -1.0 % at C=65, +1.1 % at C=96, +1.6 % at C=115) and `fulldtiles`
-#      (the decode attention tiles before lease 13, RLT_DECODE_TILES=decode=64x4x2x0: the default since is 3 stages
-#      and the heads-fastest grid, C=64 +0.9 % twice on the H100); then C=64 decode, `decode` against `dtiles` (the
-#      old attention tiles; K128_C64=0 leaves it out) (K128_PART=a, ~300 s); K128_PART=b: `full` and `fullrowstiles` at a 32K-token step
-#      budget (lease 9: 2,401 against 2,341 at the harness's 16K). On an H100
-#      (80 GB: 1K prompts fit 73 of the 128 rows) K128_WORKLOAD=c=128,in=512,out=128,req=128,budget=40,name=c128-512
-#      compares the same tiles at 115 rows with half the context
+#   k128 (needs an H200) C=128 1K/128 end to end with rlt-decode + rlt-prefill, back to back: the default (`full`:
+#      since lease 13 gate/up + SiLU and split-K take 96-128 rows in one 128-row block, and the decode attention runs
+#      3 stages in the heads-fastest grid) against `fullrows` with FUSED_ROWS=silu_mul=64,split_k=64 (those kernels at
+#      most 64 rows, as before; lease 13 on an H100, decode tok/s of the 128-row blocks against them: -1.0 % at C=65,
+#      +1.1 % at C=96, +1.6 % at C=115) and `fulldtiles` (the attention tiles before, RLT_DECODE_TILES=decode=64x4x2x0;
+#      C=64 +0.9 % twice on the H100); then C=64 decode, `decode` against `dtiles` (K128_C64=0 leaves it out)
+#      (K128_PART=a, ~300 s); K128_PART=b: `full` and `fullrows` at a 32K-token step budget (lease 9: 2,401 against
+#      2,341 at the harness's 16K). On an H100 (80 GB: 1K prompts fit 73 of the 128 rows)
+#      K128_WORKLOAD=c=128,in=512,out=128,req=128,budget=40,name=c128-512 compares the same at 115 rows
 #   at the decode attention's launch shapes and grid order (DecodeTiles: keys per iteration x warps x stages, and
 #      heads_fastest: the 16 head programs of a row launched together, reading the same 4 KB token stripes of its
 #      pages at about the same time) swept at 64 and 128 rows x 1K (the one-split tiles: attention is ~3.3 of C=64's
@@ -159,17 +160,15 @@ case $CALL in
     winners "decode tiles" 100 c=64,in=1024,out=128,req=64,budget=35,name=c64-1k ;;
   k128)  # K128_PART=a: budget 16K (and C=64 with the decode tiles); b: 32K
     W="--workload ${K128_WORKLOAD:-c=128,in=1024,out=128,req=128,budget=40,name=c128-1k}"
-    T128="silu_mul:128=128x64x128x8x3x1/1,split_k:128=128x64x128x4x4x1"
     DT=${DTILES:-decode=64x4x2x0}  # the decode attention tiles before lease 13 (the default: 64x4x3, heads fastest)
+    OLD_ROWS=silu_mul=64,split_k=64  # the projection row limits before lease 13 (the default: 96-128 rows fused too)
     if [ "${K128_PART:-a}" = a ]; then
-      SKIP_TESTS=1 TILES="$T128" DTILES="$DT" VARIANTS="full fullrowstiles fulldtiles" BENCH_ARGS=--no-sync-steps \
+      SKIP_TESTS=1 FUSED_ROWS=$OLD_ROWS DTILES="$DT" VARIANTS="full fullrows fulldtiles" BENCH_ARGS=--no-sync-steps \
         BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R bash scripts/decode_h200.sh
       [ "${K128_C64:-1}" = 1 ] && SKIP_TESTS=1 DTILES="$DT" VARIANTS="decode dtiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
         ONLY_WORKLOADS="--workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k" OUT=$R bash scripts/decode_h200.sh
     else
-      SKIP_TESTS=1 VARIANTS=full BENCH_ARGS="--no-sync-steps --max-num-batched-tokens 32768" BENCH_TIMEOUT=100 \
-        ONLY_WORKLOADS="$W" OUT=$R/budget32768 bash scripts/decode_h200.sh
-      SKIP_TESTS=1 TILES="$T128" VARIANTS=fullrowstiles BENCH_ARGS="--no-sync-steps --max-num-batched-tokens 32768" \
+      SKIP_TESTS=1 FUSED_ROWS=$OLD_ROWS VARIANTS="full fullrows" BENCH_ARGS="--no-sync-steps --max-num-batched-tokens 32768" \
         BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R/budget32768 bash scripts/decode_h200.sh
     fi ;;
   at)

@@ -100,9 +100,9 @@ def test_fused_linears_match_gemm_plus_eager_tail(dtype, rows):
     wgu = (torch.randn(2 * inter, hidden, device="cuda", generator=g) * hidden ** -0.5).to(dtype)
     got = fl.linear_silu_mul(x, wgu)
     want = silu_mul(F.linear(x, wgu))
-    if rows <= fl.MAX_ROWS_SILU_MUL:
+    if rows <= fl.MAX_ROWS_SILU_MUL and not fl.leaves_to_cublas("silu_mul", rows, True):  # operands TMA-ready
         check(got, want, "fused silu_mul")
-    else:  # above the limit: the unfused ops themselves
+    else:  # above the limit or left to cuBLAS (CUBLAS_ROWS): the unfused ops themselves
         assert torch.equal(got, want)
 
 
@@ -154,7 +154,7 @@ def test_split_k_folds_add_norm_norm(dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("rows", [1, 5, 16, 17, 64, 65])
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 64, 65, 128])
 def test_split_k_projection_into_add_norm_norm(dtype, rows):
     """o_proj / down_proj as split-K pieces summed inside add_norm_norm (an Ouro layer's tail) against
     cuBLAS + the same kernel; the pieces' sum is the kernel's own rounding of one fp32 sum."""
@@ -169,7 +169,7 @@ def test_split_k_projection_into_add_norm_norm(dtype, rows):
     for n, k in ((2048, 2048), (2048, 5632)):  # Ouro-1.4B o_proj, down_proj
         x, w, h, w1, w2 = _layer_tail(rows, n, k, dtype, g)
         pieces = fl.linear_split_k(x, w)
-        if rows > fl.MAX_ROWS_SPLIT_K:  # above the limit: cuBLAS itself
+        if rows > fl.MAX_ROWS_SPLIT_K or fl.leaves_to_cublas("split_k", rows, fl._SPLIT_K_TMA):  # cuBLAS itself
             assert torch.equal(pieces, F.linear(x, w))
             continue
         assert isinstance(pieces, SplitSum)

@@ -54,7 +54,7 @@ SCRIPT = textwrap.dedent("""
             assert not stored2 and torch.equal(q2, q) and torch.equal(k2, k) and torch.equal(v2, v)
         # split-K pieces of a plain projection, summed by add_norm_norm in its own pass
         from rlt.platform.models.fused_ops import SplitSum, add_norm_norm
-        for m in (1, 5, 17, 65):                        # 17: two row blocks; 65: above the limit; N = 80: a masked column tail
+        for m in (1, 5, 17, 65):                        # 17: two row blocks; 65: cuBLAS's at its own plan (CUBLAS_ROWS); N = 80: a masked column tail
             n, k = 80, 2048
             x = torch.randn(m, k, generator=g).to(dtype)
             w = torch.randn(n, k, generator=g).to(dtype)
@@ -63,7 +63,7 @@ SCRIPT = textwrap.dedent("""
             want = F.linear(x, w)
             for plan in (None, fl.SplitPlan(fl.Tiles(16, 32, 64, 4, 2), 8), fl.SplitPlan(fl.Tiles(16, 16, 128, 4, 2), 2)):
                 got = fl.linear_split_k(x, w, plan)
-                if m > fl.MAX_ROWS_SPLIT_K:             # above the row limit: F.linear itself
+                if plan is None and m in fl.CUBLAS_ROWS:  # left to cuBLAS: F.linear itself
                     assert not isinstance(got, SplitSum) and torch.equal(got, want)
                     continue
                 assert isinstance(got, SplitSum) and got.parts.dtype == torch.float32
@@ -224,6 +224,12 @@ def test_split_plan_cuts_k_into_long_whole_tiles():
         assert fused_linear.split_plan(m, 2048, 2048) == fused_linear.SplitPlan(fused_linear.Tiles(16, 32, 256, 4, 4, tma), 2)
         assert fused_linear.split_plan(m, 2048, 5632) == fused_linear.SplitPlan(fused_linear.Tiles(16, 32, 128, 4, 4, tma), 4)
     assert fused_linear.split_plan(64, 2048, 5632).tiles.block_m == 64
+    for m, elem in itertools.product((65, 96, 128), (2, 4)):  # above 64 rows: one 128-row block (lease 11's winner)
+        for k, splits in ((2048, 2), (5632, 4)):
+            plan = fused_linear.split_plan(m, 2048, k, elem)
+            assert plan == fused_linear.SplitPlan(fused_linear.Tiles(128, 64, 256 // elem, 4, 4, tma), splits)
+            t = plan.tiles  # one weight tile per stage beside the X tile; fp32 narrows the K tile
+            assert t.num_stages * (t.block_m + t.block_n) * t.block_k * elem <= fused_linear.SHARED_MEMORY_BYTES
     for n, k in ((2048, 2048), (2048, 5632), (4096, 11008), (2560, 9728)):
         for m in (1, 17, 64):
             for elem in (2, 4):
@@ -394,6 +400,61 @@ def test_raised_row_limits_take_the_kernels():
     assert bad.returncode != 0 and "RLT_FUSED_ROWS entry 'silu_mul=lots'" in bad.stderr
 
 
+GAP_SCRIPT = textwrap.dedent("""
+    import torch
+    import torch.nn.functional as F
+    from rlt.platform.models import fused_linear as fl
+    from rlt.platform.models.fused_ops import SplitSum
+    assert (fl.MAX_ROWS_SILU_MUL, fl.MAX_ROWS_SPLIT_K) == (128, 128) and fl.CUBLAS_ROWS == range(65, 96)
+    real, calls = fl.silu_mul, []
+    def eager(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    fl.silu_mul = eager         # counts the eager gate/up path
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.float16):
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        gu = torch.randn(160, 256, generator=g).to(dtype)   # rows of 256 elements: 16-byte aligned, TMA-ready
+        w = torch.randn(48, 2048, generator=g).to(dtype)
+        for m, fused in ((64, True), (65, False), (95, False), (96, True), (128, True)):
+            x = torch.randn(m, 256, generator=g).to(dtype)
+            calls.clear()
+            got, want = fl.linear_silu_mul(x, gu), real(F.linear(x, gu), use_triton=False)
+            assert bool(calls) != fused, (m, dtype)
+            assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max() + 1e-3, (m, dtype)
+            xs = torch.randn(m, 2048, generator=g).to(dtype)
+            got = fl.linear_split_k(xs, w)
+            assert isinstance(got, SplitSum) == fused, (m, dtype)
+            total, want = got.total() if fused else got, F.linear(xs, w)
+            assert (total.float() - want.float()).abs().max() <= tol * want.float().abs().max() + 1e-3, (m, dtype)
+        # above 64 rows without TMA (rows of 300 half-precision elements: not 16-byte aligned): cuBLAS
+        x, gu3 = torch.randn(100, 300, generator=g).half(), torch.randn(160, 300, generator=g).half()
+        calls.clear()
+        fl.linear_silu_mul(x, gu3)
+        assert calls
+        assert not isinstance(fl.linear_split_k(torch.randn(100, 2056, generator=g).half(),
+                                                torch.randn(48, 2056, generator=g).half()), SplitSum)
+    print("ok")
+""")
+
+
+def test_large_row_counts_skip_the_cublas_rows():
+    """Above 64 rows the gate/up + SiLU and split-K kernels serve 96-128 rows (one 128-row TMA block, exact against
+    the eager ops) and leave 65-95 rows, and rows TMA cannot read, to cuBLAS (:data:`fused_linear.CUBLAS_ROWS`)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RLT_FUSED_ROWS", "RLT_LINEAR_TILES")}
+    r = subprocess.run([sys.executable, "-c", GAP_SCRIPT], capture_output=True, text=True,
+                       env={**env, "TRITON_INTERPRET": "1"}, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_leaves_to_cublas():
+    for kind in ("silu_mul", "split_k"):
+        assert not fused_linear.leaves_to_cublas(kind, 64, tma=False)
+        assert fused_linear.leaves_to_cublas(kind, 65, tma=True) and fused_linear.leaves_to_cublas(kind, 95, tma=True)
+        assert not fused_linear.leaves_to_cublas(kind, 96, tma=True) and not fused_linear.leaves_to_cublas(kind, 128, tma=True)
+        assert fused_linear.leaves_to_cublas(kind, 100, tma=False)
+
+
 TMA_SCRIPT = textwrap.dedent("""
     import torch
     import torch.nn.functional as F
@@ -456,9 +517,10 @@ TMA_SCRIPT = textwrap.dedent("""
     # the defaults: above 16 rows, where both operands allow it, TMA tiles (lease 9's sweep); else the pointer ones
     assert fl._launch_shape(40, "silu_mul", None, None, True) == (fl.Tiles(64, 64, 128, 8, 4, True), None)
     assert fl._launch_shape(40, "rope_kv", None, None, True) == (fl.Tiles(64, 32, 256, 4, 3, True), None)
-    # above 64 rows q/k/v + RoPE takes every row in one 128-row block (lease 12); gate/up keeps the 64-row tiles
+    # above 64 rows q/k/v + RoPE (lease 12) and gate/up + SiLU (from 96 rows, CUBLAS_ROWS) take every row in one
+    # 128-row block
     assert fl._launch_shape(100, "rope_kv", None, None, True) == (fl.Tiles(128, 32, 128, 4, 4, True), None)
-    assert fl._launch_shape(100, "silu_mul", None, None, True) == (fl.Tiles(64, 64, 128, 8, 4, True), None)
+    assert fl._launch_shape(100, "silu_mul", None, None, True) == (fl.Tiles(128, 64, 128, 8, 3, True), None)
     assert fl._launch_shape(100, "rope_kv", None, None) == (fl.Tiles(64, 32, 128, 4, 4), None)
     assert not fl._tiles(40, "silu_mul").tma and fl._tiles(1, "silu_mul", True) == fl._tiles(1, "silu_mul")
     x = torch.randn(40, 256, generator=g)

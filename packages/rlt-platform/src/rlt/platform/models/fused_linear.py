@@ -68,9 +68,10 @@ ROW_LIMIT_KINDS = ("rope_kv", "silu_mul", "split_k")
 
 def parse_row_limits(text: str) -> dict[str, int]:
     """``RLT_FUSED_ROWS``: comma-separated ``KIND=ROWS`` (KIND one of :data:`ROW_LIMIT_KINDS`), the most rows
-    that kernel serves instead of its default limit (e.g. ``silu_mul=128,split_k=128``: a C=128 decode step
-    on the fused gate/up + SiLU and the split-K projections instead of cuBLAS). Read once at import, for A/B
-    measurements. A malformed entry raises ValueError naming it."""
+    that kernel serves instead of its default limit, every row count up to it (e.g. ``silu_mul=64,split_k=64``:
+    the limits before lease 13, cuBLAS above 64 rows; ``silu_mul=128,split_k=128``: the 65-95 rows of
+    :data:`CUBLAS_ROWS` too). Read once at import, for A/B measurements. A malformed entry raises ValueError
+    naming it."""
     out: dict[str, int] = {}
     for entry in filter(None, (e.strip() for e in text.split(","))):
         kind, _, rows = entry.partition("=")
@@ -85,8 +86,15 @@ _ROW_LIMITS = parse_row_limits(os.environ.get("RLT_FUSED_ROWS", ""))
 #: Most rows each fused kernel serves (above it the GEMM + elementwise kernels were as fast); ``RLT_FUSED_ROWS``
 #: moves them for an A/B run.
 MAX_ROWS_ROPE_KV = _ROW_LIMITS.get("rope_kv", 128)
-MAX_ROWS_SILU_MUL = _ROW_LIMITS.get("silu_mul", 64)
-MAX_ROWS_SPLIT_K = _ROW_LIMITS.get("split_k", 64)
+MAX_ROWS_SILU_MUL = _ROW_LIMITS.get("silu_mul", 128)
+MAX_ROWS_SPLIT_K = _ROW_LIMITS.get("split_k", 128)
+#: Rows the gate/up + SiLU and split-K kernels leave to cuBLAS (+ the elementwise kernels) under those limits.
+#: Above 64 rows they take every row in one 128-row block read through TMA (:func:`_tiles`, :func:`split_plan`),
+#: which loses to cuBLAS's own tiles at 65 rows and wins from 96 — an H100, lease 13, decode tok/s against cuBLAS:
+#: -1.0 % at C=65 (lease 12: -0.9 %), +1.1 % at C=96, +1.6 % at C=115
+#: (``benchmarks/results/h100-20261206-lease13``). Without TMA (ROCm, pre-Hopper, unaligned rows) they serve at
+#: most 64 rows. A kind ``RLT_FUSED_ROWS`` names serves every row count up to its limit.
+CUBLAS_ROWS = range(65, 96)
 
 if triton is not None:
     import triton.language as tl
@@ -326,6 +334,15 @@ def small_m_usable(x: torch.Tensor, weight: torch.Tensor, max_rows: int) -> bool
             and weight.stride(-1) == 1)
 
 
+def leaves_to_cublas(kind: str, m: int, tma: bool) -> bool:
+    """Whether the ``kind`` kernel ("silu_mul" or "split_k") leaves ``m`` rows (within its limit) to cuBLAS:
+    above 64 rows it serves only through TMA (``tma``: the device and operands allow it) and outside
+    :data:`CUBLAS_ROWS`, unless ``RLT_FUSED_ROWS`` names the kind."""
+    if m <= ROW_BUCKETS[-1] or kind in _ROW_LIMITS:
+        return False
+    return not tma or m in CUBLAS_ROWS
+
+
 class Tiles(NamedTuple):
     """Launch shape: rows per dot tile (>= 16), weight rows and K columns per step, warps, stages, and
     whether the fused projections load X and W through TMA descriptors (where the device and the tensors
@@ -357,12 +374,14 @@ def _tiles(m: int, kind: str, tma: bool = False) -> Tiles:
     tok/s end to end; K splits lost there. Above 64 rows q/k/v + RoPE takes every row in one 128-row block
     (an H100, lease 12: the 128-row sweep's best, 20.1 -> 14.8 us at 128 rows; C=65 decode with rlt-prefill
     2,473 -> 2,526 tok/s, twice, back to back — ``benchmarks/results/h100-20261206-lease12``). At 16 rows or
-    fewer the pointer tiles stay (lease 12's one-row sweep through TMA found nothing 3 % faster)."""
+    fewer the pointer tiles stay (lease 12's one-row sweep through TMA found nothing 3 % faster). gate/up + SiLU
+    above 64 rows: one 128-row block too (lease 11's winner, 23.9 us on cuBLAS + SiLU -> 20.9 at 128 rows on an
+    H100), from 96 rows (:data:`CUBLAS_ROWS`)."""
     bucket = row_bucket(m)
     if bucket == 0:
         return Tiles(16, 32, 256 if kind == "rope_kv" else 128, 4, 4)
-    if tma and bucket == 2 and kind == "rope_kv":
-        return Tiles(128, 32, 128, 4, 4, True)
+    if tma and bucket == 2:  # one 128-row block (lease 11's 128-row sweep; gate/up + SiLU: :data:`CUBLAS_ROWS`)
+        return Tiles(128, 32, 128, 4, 4, True) if kind == "rope_kv" else Tiles(128, 64, 128, 8, 3, True)
     if tma:
         return Tiles(64, 32, 256, 4, 3, True) if kind == "rope_kv" else Tiles(64, 64, 128, 8, 4, True)
     return Tiles(64, 32, 128, 4, 4 if kind == "rope_kv" else 3)
@@ -470,11 +489,16 @@ def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
     tiles divide this shape's K ranges; elsewhere the rule's plan stands. Entries are swept in 2-byte elements:
     wider ones narrow the K tile so the stage buffers keep the bytes the sweep ran (an fp32 run of a bf16
     winner ran out of shared memory before, lease 12)."""
-    bm = 16 if row_bucket(m) == 0 else 64
+    bucket = row_bucket(m)
+    bm = 16 if bucket == 0 else 64
     plan = next((SplitPlan(_fit(Tiles(bm, 32, bk, 4, 4, _SPLIT_K_TMA), k // splits, elem), splits)
                  for splits in (8, 4, 2) if k // splits >= MIN_SPLIT_K
                  for bk in (256, 128, 64, 32) if k % (splits * bk) == 0), None)
-    override, count = _TILE_OVERRIDES.get(("split_k", row_bucket(m)), (None, None))
+    if plan is not None and bucket == 2 and k % (plan.splits * 128) == 0:
+        # above 64 rows (:data:`CUBLAS_ROWS`), every row in one 128-row block: lease 11's 128-row sweep (an H100,
+        # down_proj + add_norm_norm 17.3 us on cuBLAS -> 14.2); the K tile narrowed for wider elements as below
+        plan = SplitPlan(Tiles(128, 64, 128 * 2 // max(2, elem), 4, 4, _SPLIT_K_TMA), plan.splits)
+    override, count = _TILE_OVERRIDES.get(("split_k", bucket), (None, None))
     if plan is None or override is None:
         return plan
     count = count or plan.splits
@@ -603,6 +627,9 @@ def linear_split_k(x: torch.Tensor, weight: torch.Tensor,
     if not _SPLIT_K or not small_m_usable(x, weight, MAX_ROWS_SPLIT_K):
         return F.linear(x, weight)
     m, k = x.shape
+    if plan is None and m > ROW_BUCKETS[-1] and leaves_to_cublas("split_k", m, _SPLIT_K_TMA and tma_ready(x)
+                                                                  and tma_ready(weight)):
+        return F.linear(x, weight)
     plan = plan or split_plan(m, weight.shape[0], k, x.element_size())
     if plan is None:
         return F.linear(x, weight)
@@ -619,9 +646,11 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor, tiles: Tiles | None 
     if not small_m_usable(x, gate_up, MAX_ROWS_SILU_MUL):
         return silu_mul(F.linear(x, gate_up))
     m, k = x.shape
+    ready = tma_ready(x) and tma_ready(gate_up)
+    if tiles is None and leaves_to_cublas("silu_mul", m, ready):
+        return silu_mul(F.linear(x, gate_up))
     inter = gate_up.shape[0] // 2
     out = torch.empty((m, inter), dtype=x.dtype, device=x.device)
-    ready = tma_ready(x) and tma_ready(gate_up)
     tiles, splits = _launch_shape(m, "silu_mul", tiles, splits, ready)
     tiles = _fit(tiles, k, x.element_size())
     bm, bn, bk, warps, stages, _ = tiles
