@@ -627,6 +627,7 @@ def linear_split_k(x: torch.Tensor, weight: torch.Tensor,
     if not _SPLIT_K or not small_m_usable(x, weight, MAX_ROWS_SPLIT_K):
         return F.linear(x, weight)
     m, k = x.shape
+    # (the row test first: at decode sizes no TMA checks on the host)
     if plan is None and m > ROW_BUCKETS[-1] and leaves_to_cublas("split_k", m, _SPLIT_K_TMA and tma_ready(x)
                                                                   and tma_ready(weight)):
         return F.linear(x, weight)
