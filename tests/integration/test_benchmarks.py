@@ -192,3 +192,25 @@ def test_tile_overrides_from_a_sweep():
     assert text == ("rope_kv:64=64x64x128x8x3/2,silu_mul:64=64x64x128x8x3x1/2,silu_mul:1=16x16x256x4x4/1,"
                     "split_k:128=128x64x128x4x4x1")
     assert parse_tile_overrides(text)[("silu_mul", 1)] == (Tiles(64, 64, 128, 8, 3, True), 2)
+
+
+def test_decode_tile_overrides_from_an_attention_sweep():
+    """benchmarks/decode_kernels.py --decode-tiles-from: per kind, the launch shape with the least time summed over
+    that kind's cases, if it beats the default's sum by more than --min-gain; it parses as RLT_DECODE_TILES."""
+    from benchmarks.decode_kernels import decode_tile_overrides
+    from rlt.attention.backends.triton_backend import DecodeTiles, decode_tiles_from_env
+
+    def row(rows, variant, us):
+        return {"rows": rows, "context": 1024, "variant": variant, "us_per_layer": us}
+
+    sweep = [row(64, "prepare, default", 186.0), row(64, "prepare, decode_tiles 128x4x2x1", 182.5),
+             row(64, "prepare, decode_tiles 64x4x3x1", 183.8),
+             row(128, "prepare, default", 369.8), row(128, "prepare, decode_tiles 128x4x2x1", 355.5),
+             row(128, "prepare, decode_tiles 64x4x3x1", 352.5),
+             row(1, "prepare, default", 8.7), row(1, "prepare, split_decode_tiles 32x4x2x0", 8.3)]
+    text = decode_tile_overrides(sweep, min_gain=0.02)
+    assert text == "decode=64x4x3x1,split=32x4x2x0"   # 536.3 us beats 538.0 (128x4x2x1) and 555.8 (default)
+    assert decode_tiles_from_env(text) == {"decode_tiles": DecodeTiles(64, 4, 3, True),
+                                           "split_decode_tiles": DecodeTiles(32, 4, 2, False)}
+    assert decode_tile_overrides(sweep, min_gain=0.04) == "split=32x4x2x0"  # decode: 3.5 %, split: 4.6 %
+    assert decode_tile_overrides(sweep, min_gain=0.5) == ""
