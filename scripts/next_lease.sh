@@ -13,9 +13,10 @@
 # H100, benchmarks/results/h100-20261206-lease13) ran at (the decode attention tiles: heads-fastest grid + 3 stages,
 # C=64 +0.9 %, the default since) and the 128-row projection tiles at 65 / 96 / 115 rows (the default from 96 rows
 # since). Next lease, by priority:
-#   k128 (H200 only: C=128 1K/128, the lease-13 defaults against the old projection rows and attention tiles;
-#   K128_PART=a, then b: the 32K step budget) > i's C=128 decode profile (H200 only) > h (FA4) > d > a (the whole
-#   suite, on an H200: the lease-13 defaults have not run the engine GPU tests yet). Each call:
+#   a (the whole GPU suite, on any card: the lease-13 defaults — the heads-fastest attention grid with 3 stages, the
+#   96-128-row projection blocks — have not run the GPU tests as defaults yet) > k128 (H200 only: C=128 1K/128, the
+#   lease-13 defaults against the old projection rows and attention tiles; K128_PART=a, then b: the 32K step budget)
+#   > i's C=128 decode profile (H200 only) > h (FA4) > d. Each call:
 #   n  rlt-decode with every projection on pointer loads (`notma`: the pre-lease-9 defaults) against the default, C=1
 #      and C=64, back to back: lease 9 timed the two TMA flips separately (+1.2 % and +0.4-0.8 %), not together
 #   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
