@@ -348,25 +348,23 @@ def bench_attention(cases: list[tuple[int, int]], dtype=torch.bfloat16, tile_swe
             splits = be.splits_for(rows, KV_HEADS, ctx, dev)
             results.append({"rows": rows, "context": ctx, "variant": label, "us_per_layer": ms * 1e3,
                             "floor_us": floor_us, "splits": splits, "rel_err": err})
-        best = min((r for r in results if r["rows"] == rows and r["context"] == ctx), key=lambda r: r["us_per_layer"])
+        mine = [r for r in results if r["rows"] == rows and r["context"] == ctx]
+        best = min(mine, key=lambda r: r["us_per_layer"])
         if tile_sweep:
-            dflt = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"] == "prepare, default")
+            dflt = next(r for r in mine if r["variant"] == "prepare, default")
             print(f"attention C={rows:4d} ctx={ctx:6d}: default {dflt['us_per_layer']:.1f} us, best "
                   f"{best['us_per_layer']:.1f} us ({best['variant']}, rel err {best['rel_err']:.1e}), floor {floor_us:.1f} us",
                   flush=True)
-            del kv
-            torch.cuda.empty_cache()
-            continue
-        cur = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"].startswith("current"))
-        dflt = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"] == "prepare, min_keys 256, split tiles 32x3")
-        folded = next(r for r in results if r["rows"] == rows and r["context"] == ctx and r["variant"].endswith("folded merge"))
-        plain = next(r for r in results if r["rows"] == rows and r["context"] == ctx
-                     and r["variant"] == "prepare, min_keys 32, split tiles 32x3")  # the default policy, unfolded
-        print(f"attention C={rows:4d} ctx={ctx:6d}: default {plain['us_per_layer']:.1f} us, folded merge "
-              f"{folded['us_per_layer']:.1f} us (rel err {folded['rel_err']:.1e})", flush=True)
-        print(f"attention C={rows:4d} ctx={ctx:6d}: current {cur['us_per_layer']:.1f} us, prepare+default "
-              f"{dflt['us_per_layer']:.1f} us, best {best['us_per_layer']:.1f} us ({best['variant']}, splits "
-              f"{best['splits']}), floor {floor_us:.1f} us", flush=True)
+        else:
+            cur = next(r for r in mine if r["variant"].startswith("current"))
+            dflt = next(r for r in mine if r["variant"] == "prepare, min_keys 256, split tiles 32x3")
+            folded = next(r for r in mine if r["variant"].endswith("folded merge"))
+            plain = next(r for r in mine if r["variant"] == "prepare, min_keys 32, split tiles 32x3")  # the default policy, unfolded
+            print(f"attention C={rows:4d} ctx={ctx:6d}: default {plain['us_per_layer']:.1f} us, folded merge "
+                  f"{folded['us_per_layer']:.1f} us (rel err {folded['rel_err']:.1e})", flush=True)
+            print(f"attention C={rows:4d} ctx={ctx:6d}: current {cur['us_per_layer']:.1f} us, prepare+default "
+                  f"{dflt['us_per_layer']:.1f} us, best {best['us_per_layer']:.1f} us ({best['variant']}, splits "
+                  f"{best['splits']}), floor {floor_us:.1f} us", flush=True)
         del kv
         torch.cuda.empty_cache()
     return results

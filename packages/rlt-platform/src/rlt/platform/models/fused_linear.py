@@ -494,16 +494,19 @@ def split_plan(m: int, n: int, k: int, elem: int = 2) -> SplitPlan | None:
     plan = next((SplitPlan(_fit(Tiles(bm, 32, bk, 4, 4, _SPLIT_K_TMA), k // splits, elem), splits)
                  for splits in (8, 4, 2) if k // splits >= MIN_SPLIT_K
                  for bk in (256, 128, 64, 32) if k % (splits * bk) == 0), None)
+    def swept(tiles: Tiles) -> Tiles:  # tiles timed in 2-byte elements: the same stage bytes for wider ones
+        return tiles._replace(block_k=max(16, tiles.block_k * 2 // max(2, elem)))
+
     if plan is not None and bucket == 2 and k % (plan.splits * 128) == 0:
         # above 64 rows (:data:`CUBLAS_ROWS`), every row in one 128-row block: lease 11's 128-row sweep (an H100,
-        # down_proj + add_norm_norm 17.3 us on cuBLAS -> 14.2); the K tile narrowed for wider elements as below
-        plan = SplitPlan(Tiles(128, 64, 128 * 2 // max(2, elem), 4, 4, _SPLIT_K_TMA), plan.splits)
+        # down_proj + add_norm_norm 17.3 us on cuBLAS -> 14.2)
+        plan = SplitPlan(swept(Tiles(128, 64, 128, 4, 4, _SPLIT_K_TMA)), plan.splits)
     override, count = _TILE_OVERRIDES.get(("split_k", bucket), (None, None))
     if plan is None or override is None:
         return plan
     count = count or plan.splits
     if count > 1 and k % (count * override.block_k) == 0:
-        return SplitPlan(override._replace(block_k=max(16, override.block_k * 2 // max(2, elem))), count)
+        return SplitPlan(swept(override), count)
     return plan
 
 
