@@ -101,53 +101,60 @@ def profile_decode(model_dir: str, model_cfg, *, concurrency: int, prompt_len: i
                 if cuda:
                     torch.cuda.synchronize(device)
                 walls.append(time.perf_counter() - t)
-        events = prof.events()
-        kernels = [e for e in events if _is_device_event(e)]
-        launches = sum(1 for e in events if e.name in _LAUNCH_NAMES)
-        aten_ops = sum(1 for e in events if e.name.startswith("aten::") and not _is_device_event(e))
-        by_kernel: dict[str, list[float]] = defaultdict(list)
-        intervals = []
-        for e in kernels:
-            dur = e.time_range.end - e.time_range.start
-            by_kernel[e.name].append(dur)
-            intervals.append((e.time_range.start, e.time_range.end))
-        kernel_us = sum(sum(v) for v in by_kernel.values())
-        if cuda and not kernels:  # this torch lists no device events: fall back to the op averages
-            for avg in prof.key_averages():
-                dev = getattr(avg, "self_device_time_total", None) or getattr(avg, "self_cuda_time_total", 0)
-                if dev and not avg.key.startswith(("aten::", "cuda")):
-                    by_kernel[avg.key] = [dev / max(avg.count, 1)] * avg.count
-            kernel_us = sum(sum(v) for v in by_kernel.values())
-        busy_us = _union_us(intervals)
-        top_kernels = sorted(by_kernel.items(), key=lambda kv: -sum(kv[1]))[:top]
-        host_ops = []
-        for avg in prof.key_averages():
-            if avg.key.startswith("aten::") or avg.key.startswith("cuda"):
-                host_ops.append((avg.key, avg.count, avg.self_cpu_time_total))
-        host_ops.sort(key=lambda r: -r[2])
-        wall_ms = 1e3 * sum(walls) / steps
         return {
             "concurrency": concurrency, "prompt_len": prompt_len, "backend": engine.selection.name,
             "rows": rows, "steps_profiled": steps, "loops_per_token": loops,
-            "host_wall_ms_per_step": wall_ms,
             "unprofiled_wall_ms_per_step": plain_ms,
             "host_regions_ms_per_step": region_ms,
-            "device_kernel_ms_per_step": kernel_us / 1e3 / steps if cuda else None,
-            "device_busy_ms_per_step": busy_us / 1e3 / steps if cuda else None,
-            "device_idle_fraction": (1 - busy_us / 1e3 / steps / wall_ms) if cuda and wall_ms else None,
-            "kernel_launches_per_step": launches / steps if cuda else None,
-            "device_kernels_per_step": len(kernels) / steps if cuda else None,
-            "aten_ops_per_step": aten_ops / steps,
-            "top_kernels": [{"name": n[:160], "calls_per_step": len(v) / steps, "us_per_step": sum(v) / steps,
-                             "share": (sum(v) / kernel_us) if kernel_us else None} for n, v in top_kernels],
-            "top_host_ops": [{"name": name, "calls_per_step": count / steps, "self_cpu_us_per_step": us / steps}
-                             for name, count, us in host_ops[:top]],
+            **step_profile(prof, steps, 1e3 * sum(walls) / steps, cuda, top),
         }
     finally:
         del engine
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
+
+
+def step_profile(prof, steps: int, wall_ms: float, cuda: bool, top: int = 15) -> dict:
+    """Per-step figures of a finished ``torch.profiler.profile`` over ``steps`` engine steps that took
+    ``wall_ms`` each on the host: device busy (union of kernel intervals) and kernel time, idle share,
+    launches, kernels and aten ops per step, the largest kernels and host ops. Device figures are None
+    without a device (``cuda`` False)."""
+    events = prof.events()
+    kernels = [e for e in events if _is_device_event(e)]
+    launches = sum(1 for e in events if e.name in _LAUNCH_NAMES)
+    aten_ops = sum(1 for e in events if e.name.startswith("aten::") and not _is_device_event(e))
+    by_kernel: dict[str, list[float]] = defaultdict(list)
+    intervals = []
+    for e in kernels:
+        dur = e.time_range.end - e.time_range.start
+        by_kernel[e.name].append(dur)
+        intervals.append((e.time_range.start, e.time_range.end))
+    kernel_us = sum(sum(v) for v in by_kernel.values())
+    if cuda and not kernels:  # this torch lists no device events: fall back to the op averages
+        for avg in prof.key_averages():
+            dev = getattr(avg, "self_device_time_total", None) or getattr(avg, "self_cuda_time_total", 0)
+            if dev and not avg.key.startswith(("aten::", "cuda")):
+                by_kernel[avg.key] = [dev / max(avg.count, 1)] * avg.count
+        kernel_us = sum(sum(v) for v in by_kernel.values())
+    busy_us = _union_us(intervals)
+    top_kernels = sorted(by_kernel.items(), key=lambda kv: -sum(kv[1]))[:top]
+    host_ops = [(avg.key, avg.count, avg.self_cpu_time_total) for avg in prof.key_averages()
+                if avg.key.startswith("aten::") or avg.key.startswith("cuda")]
+    host_ops.sort(key=lambda r: -r[2])
+    return {
+        "host_wall_ms_per_step": wall_ms,
+        "device_kernel_ms_per_step": kernel_us / 1e3 / steps if cuda else None,
+        "device_busy_ms_per_step": busy_us / 1e3 / steps if cuda else None,
+        "device_idle_fraction": (1 - busy_us / 1e3 / steps / wall_ms) if cuda and wall_ms else None,
+        "kernel_launches_per_step": launches / steps if cuda else None,
+        "device_kernels_per_step": len(kernels) / steps if cuda else None,
+        "aten_ops_per_step": aten_ops / steps,
+        "top_kernels": [{"name": n[:160], "calls_per_step": len(v) / steps, "us_per_step": sum(v) / steps,
+                         "share": (sum(v) / kernel_us) if kernel_us else None} for n, v in top_kernels],
+        "top_host_ops": [{"name": name, "calls_per_step": count / steps, "self_cpu_us_per_step": us / steps}
+                         for name, count, us in host_ops[:top]],
+    }
 
 
 def summary_markdown(profiles: list[dict]) -> str:

@@ -193,8 +193,10 @@ class Bench:
                 "capped": capped}
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.spec_bench", description=__doc__.split("\n\n")[0])
+def parse_args(argv=None, *, prog: str = "python -m benchmarks.spec_bench", description: str = __doc__,
+               extra=None) -> argparse.Namespace:
+    """The benchmark's options with the preset's values filled in (``extra(ap)`` adds a caller's own)."""
+    ap = argparse.ArgumentParser(prog=prog, description=description.split("\n\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="h200")
     for name, typ in (("model", str), ("device", str), ("dtype", str), ("input_len", int), ("out", int),
                       ("ks", str), ("ds", str), ("scales", str), ("targets", str), ("calib_out", int),
@@ -209,10 +211,26 @@ def main(argv=None) -> dict:
                          "is open (at most the pipeline's depth)")
     ap.add_argument("--work-dir")
     ap.add_argument("--out-dir", default="benchmarks/results/spec-latest")
+    if extra is not None:
+        extra(ap)
     args = ap.parse_args(argv)
     for k, v in PRESETS[args.preset].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    return args
+
+
+def decode_features() -> list:
+    """rlt-decode's features when installed (the default build), else none (the eager build only)."""
+    try:
+        from rlt.decode.feature import FEATURES
+    except ImportError:
+        return []
+    return list(FEATURES)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     ks, ds = _ints(args.ks), _ints(args.ds)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -220,11 +238,7 @@ def main(argv=None) -> dict:
     t_start = time.perf_counter()
     log(f"writing {args.model} random checkpoint")
     src = write_random_checkpoint(work / "src", args.model)
-    try:
-        from rlt.decode.feature import FEATURES as decode_features
-    except ImportError:  # rlt-decode not installed: the eager build only
-        decode_features = []
-    bench = Bench(args, src, ScaledLoader(), list(decode_features), detect_platform(args.device))
+    bench = Bench(args, src, ScaledLoader(), decode_features(), detect_platform(args.device))
     res: dict = {"args": vars(args), "baselines": {}, "calibration": [], "c1": [], "big_c": []}
 
     def save():
@@ -233,7 +247,7 @@ def main(argv=None) -> dict:
 
     # -- 2. plain baselines ------------------------------------------------------------------
     for name, decode in (("plain_eager", False), ("plain_default", True)):
-        if decode and not decode_features:
+        if decode and not bench.decode_features:
             continue
         engine = bench.engine(1.0, decode=decode)
         bench.warm(engine, 1, {"num_tokens": 2, "draft_loops": 1})

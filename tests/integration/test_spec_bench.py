@@ -50,3 +50,20 @@ def test_draft_ranks_cpu(capsys):
             assert c["chain_speedup_lag0"] == 4 / spec_draft_ranks.chain_steps(d, 4, c["top1"], 0)
     assert res[1]["d2"]["top1"] > res[0]["d2"]["top1"] + 0.5
     assert math.isclose(spec_draft_ranks.chain_steps(2, 4, 0.8, 1), 2 + 0.2 * 3)   # docs/spec.md's d + (1-a)(D-d+L)
+
+
+def test_spec_profile_cpu(tmp_path):
+    """benchmarks/spec_profile.py on the tiny model: plain decoding yields one token per D = 4 steps, an
+    accepting chain more; both windows are profiled (aten ops counted) and the report compares them."""
+    from benchmarks import spec_profile
+
+    res = spec_profile.main(["--preset", "cpu", "--scales", "0.01", "--ks", "4", "--ds", "2", "--out", "120",
+                             "--steps", "12", "--warm-steps", "4", "--work-dir", str(tmp_path / "work"),
+                             "--out-dir", str(tmp_path / "out")])
+    plain, chain = res["plain"], res["chain"]
+    assert plain["tokens_per_step"] == 0.25
+    assert chain["tokens_per_step"] > 0.3  # drafts accepted at this scale: fewer steps per token
+    for r in (plain, chain):
+        assert r["aten_ops_per_step"] > 0 and r["top_host_ops"] and r["device_busy_ms_per_step"] is None
+    text = (tmp_path / "out" / "spec_profile.md").read_text()
+    assert "| tokens per step | 0.250 |" in text and "chain - plain" in text
