@@ -10,6 +10,8 @@ off)."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import random
 
 import pytest
@@ -148,3 +150,47 @@ def test_logprobs_make_chain_steps_read_at_once(tiny_checkpoint, tmp_path):
         assert [t for t, _ in a.top] == [t for t, _ in b.top]
     pipe = engine.ctx.parts.executor.describe()
     assert pipe["steps"].get("lagged_with_feature_rows", 0) > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (interpreter)")
+@pytest.mark.parametrize("scale", [1.0, 0.03], ids=["random", "controlled"])
+def test_fused_greedy_heads_give_plain_decodings_tokens(tiny_checkpoint, tmp_path, monkeypatch, scale):
+    """Lagged chain steps whose heads all take the argmax run them in one kernel (rlt.spec.heads; here
+    built by Triton's interpreter on CPU tensors): the output is still plain decoding's, token for token,
+    with rejections; requests with logprobs or random sampling keep the general path in the same run."""
+    from triton_interpreter import fix_interpreter
+
+    import rlt.spec.executor as spec_executor
+    import rlt.spec.heads_kernel as kernel
+
+    fix_interpreter()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    importlib.reload(kernel)
+    monkeypatch.delenv("TRITON_INTERPRET")  # the model's own kernels stay off: only the heads' kernel is Triton
+    calls = []
+
+    def counted(*args, **kw):
+        calls.append(len(kw["checking"]))
+        return greedy_heads(*args, **kw)
+
+    greedy_heads = spec_executor.greedy_heads
+    path = scale_loop_updates(tiny_checkpoint(seed=8), tmp_path / "ck", scale)
+    items = _items(9)
+    items[1] = (items[1][0], items[1][1].with_(logprobs=2))  # read at once: the general path
+    want = run_with_arrivals(_engine(path, None), [(p, sp.with_(speculation=None)) for p, sp in items], 3)
+    judged = []
+    try:
+        for fused in (False, True):  # the general path's verdicts, then the kernel's
+            monkeypatch.setattr(spec_executor, "fused_heads_usable", lambda t, on=fused: on)
+            monkeypatch.setattr(spec_executor, "greedy_heads", counted)
+            engine = _engine(path, 1)
+            stats = SpecStats()
+            engine.add_observer(stats)
+            got = run_with_arrivals(engine, items, 3)
+            for w, g in zip(want, got):
+                assert g.error is None and list(g.token_ids) == list(w.token_ids), g.request_id
+            judged.append((stats.accepted, stats.rejected, stats.steps))
+    finally:
+        importlib.reload(kernel)
+    assert sum(calls) > 0 and judged[1][1] > 0  # the kernel judged drafts, some rejected
+    assert judged[0] == judged[1]  # the same verdicts in the same steps: the drafts are the same

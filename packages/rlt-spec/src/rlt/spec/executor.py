@@ -38,7 +38,9 @@ import torch
 
 from rlt.platform.engine.executor import CompletedStep, EagerExecutor, sample_exited
 from rlt.platform.engine.interfaces import StepResult
+from rlt.platform.engine.sampler import argmax_only
 from rlt.platform.engine.staging import to_device
+from rlt.spec.heads import fused_heads_usable, greedy_heads
 from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, SpecStepResult, row_column
 from rlt.spec.verify import Checked
 
@@ -90,18 +92,22 @@ class ChainHeads:
 
 class LaggedSpecStep:
     """Handle of a lagged step with chain rows: ``shape`` now; per row (token, counts, verdict)
-    copied to pinned host memory behind an event, read by :meth:`result`."""
+    copied to pinned host memory behind an event, read by :meth:`result` (``packed`` None: no row
+    yields anything, the result is ``shape`` itself)."""
 
-    def __init__(self, shape: SpecStepResult, packed: torch.Tensor) -> None:
+    def __init__(self, shape: SpecStepResult, packed: torch.Tensor | None) -> None:
         self.shape = shape
+        self._event = None
+        self._result: SpecStepResult | None = None
+        if packed is None:
+            self._result = attrs.evolve(shape, accepted=np.zeros(len(shape.num_tokens), bool), lagged=False)
+            return
         cuda = packed.device.type == "cuda"
         self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=cuda)
         self._host.copy_(packed, non_blocking=cuda)
-        self._event = None
         if cuda:
             self._event = torch.cuda.Event()
             self._event.record()
-        self._result: SpecStepResult | None = None
 
     def done(self) -> bool:
         return self._result is not None or self._event is None or self._event.query()
@@ -218,13 +224,31 @@ class SpeculativeExecutor(EagerExecutor):
         run on the device (:meth:`_chain_device`); every row's token, whether it counts and its
         verdict go to pinned host memory behind an event. The handle's ``shape`` (host-known now)
         counts the plain rows' tokens only: a chain check's token counts when read (it may be
-        invalid). Rows that want logprobs, or other speculative rows, make it read at once."""
+        invalid). Rows that want logprobs, or other speculative rows, make it read at once. Greedy
+        heads take one kernel (:func:`rlt.spec.heads.greedy_heads`) where it runs; a step without
+        heads does nothing on the device."""
         role = row_column(b.rows, "role", PLAIN, np.int8)
         if ((role == DRAFT) | (role == VERIFY)).any() or (self.sampler.table.logprobs[b.slots] >= 0).any():
             return CompletedStep(self.finish_decode(b, last, b.fixed_exit.copy()))
         n = b.num_rows
         plain = role == PLAIN
         sampled = np.nonzero(b.fixed_exit & b.samples & plain)[0]
+        d = row_column(b.rows, "draft_loops", 0, np.int64)
+        drafting, checking = self._chain_rows(b, np.nonzero(role == CHAIN)[0], d)
+        exited = b.fixed_exit & plain
+        exited[checking] = True
+        shape_counts = np.zeros(n, np.int64)
+        shape_counts[sampled] = 1
+        shape = SpecStepResult(exited, shape_counts, np.zeros(0, np.int64), lagged=True)
+        heads = np.concatenate([sampled, drafting, checking])
+        if not len(heads):
+            return LaggedSpecStep(shape, None)
+        if fused_heads_usable(last) and argmax_only(self.sampler.table, b.slots[heads]):
+            chain_rows = [b.rows[i] for i in np.concatenate([drafting, checking])]
+            packed = greedy_heads(self.model, last, sampled=sampled, drafting=drafting, checking=checking,
+                                  entries=row_column(chain_rows, "state_index", 0, np.int64), slots=b.slots,
+                                  token_table=self.token_table, dead=self.dead)
+            return LaggedSpecStep(shape, packed)
         tokens = torch.zeros(n, dtype=torch.int64, device=self.device)
         counts = torch.zeros(n, dtype=torch.int64, device=self.device)
         verdicts = torch.zeros(n, dtype=torch.int64, device=self.device)
@@ -233,19 +257,13 @@ class SpeculativeExecutor(EagerExecutor):
             out = self.sampler.sample(self.model.coda(last.index_select(0, rows)), b.slots[sampled])
             self.token_table[self._dev(b.slots[sampled])] = out.token_ids
             tokens[rows], counts[rows] = out.token_ids, 1
-        chain = np.nonzero(role == CHAIN)[0]
-        exited = b.fixed_exit & plain
-        if len(chain):
-            heads = self._chain_device(b, chain, row_column(b.rows, "draft_loops", 0, np.int64), last)
+        if len(drafting) or len(checking):
+            heads = self._chain_device(b, drafting, checking, d, last)
             if heads.check is not None:
                 rows = self._dev(heads.checking)
                 tokens[rows] = heads.check.token_ids
                 counts[rows] = heads.valid.long()
                 verdicts[rows] = heads.check.accepted.long()
-                exited[heads.checking] = True
-        shape_counts = np.zeros(n, np.int64)
-        shape_counts[sampled] = 1
-        shape = SpecStepResult(exited, shape_counts, np.zeros(0, np.int64), lagged=True)
         return LaggedSpecStep(shape, torch.stack([tokens, counts, verdicts]))
 
     def _heads(self, b, base: StepResult, role: np.ndarray, d: np.ndarray, last: torch.Tensor) -> SpecStepResult:
@@ -272,7 +290,7 @@ class SpeculativeExecutor(EagerExecutor):
             parts.append((heads, v.num_tokens))
             arrays.append((v.token_ids, v.logprobs, v.top_ids, v.top_logprobs))
         if len(chain):
-            heads = self._chain_device(b, chain, d, last)
+            heads = self._chain_device(b, *self._chain_rows(b, chain, d), d, last)
             if heads.check is not None:
                 c = heads.check
                 checked = heads.checking
@@ -295,19 +313,24 @@ class SpeculativeExecutor(EagerExecutor):
             exited, num, ids if ids is not None else np.zeros(0, np.int64), lp, top_ids, top_lp,
             prompt_logprobs=base.prompt_logprobs, draft_tokens=draft_tokens, accepted=accepted)
 
-    def _chain_device(self, b, chain: np.ndarray, d: np.ndarray, last: torch.Tensor) -> ChainHeads:
-        """Chain rows' heads, on the device only: a chain's first row clears its slot's rejection
-        flag; rows reaching depth ``d`` draft the next token into the token table at their entries
-        (``q`` into the ring); rows reaching full depth check the draft at their entry (one LM-head
-        call for both). A check is *valid* unless an earlier check of its slot rejected since the
-        slot's chain began (its row then ran on a wrong token): a valid rejection sets the flag, and
-        only valid checks write their token to the slot's entry (what the next step embeds)."""
+    def _chain_rows(self, b, chain: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The chain rows (batch indices ``chain``) that draft (reaching depth ``d``) and that check
+        (reaching full depth) after this step. A chain's first row clears its slot's rejection flag
+        here, before any check of the step reads it."""
         first = [i for i in chain if b.depth[i] == 0 and b.rows[i].first]
         if first:
             self.dead[self._dev(b.slots[first])] = False
         loop = b.depth[chain] + 1
-        drafting = chain[loop == d[chain]]
-        checking = chain[b.fixed_exit[chain]]
+        return chain[loop == d[chain]], chain[b.fixed_exit[chain]]
+
+    def _chain_device(self, b, drafting: np.ndarray, checking: np.ndarray, d: np.ndarray,
+                      last: torch.Tensor) -> ChainHeads:
+        """Chain rows' heads (:meth:`_chain_rows`), on the device only: rows reaching depth ``d``
+        (``drafting``) draft the next token into the token table at their entries (``q`` into the
+        ring); rows reaching full depth (``checking``) check the draft at their entry (one LM-head
+        call for both). A check is *valid* unless an earlier check of its slot rejected since the
+        slot's chain began (its row then ran on a wrong token): a valid rejection sets the flag, and
+        only valid checks write their token to the slot's entry (what the next step embeds)."""
         heads = np.concatenate([drafting, checking])
         out = ChainHeads(checking)
         if not len(heads):

@@ -156,6 +156,15 @@ def split_seed(seed: int) -> tuple[int, int]:
     return s & _M32, s >> 32
 
 
+def argmax_only(table, slots: np.ndarray) -> bool:
+    """Whether every row of ``slots`` samples the argmax of its raw fp32 logits now and at any later
+    generation step (a feature's fused heads may then skip :func:`sample`): greedy, no logprobs,
+    no logit_bias, no penalties, and past min_tokens (no stop-token suppression)."""
+    return bool((table.temperature[slots] == 0).all() and (table.logprobs[slots] < 0).all()
+                and (table.bias_len[slots] == 0).all() and not table.penalized[slots].any()
+                and (table.min_tokens[slots] <= table.num_generated[slots]).all())
+
+
 def build_sampling_batch(table, slots: np.ndarray, uploader, step_offsets: np.ndarray | None = None,
                          device_steps: torch.Tensor | None = None, history: PenaltyState | None = None) -> SamplingBatch:
     """Gather the sampling parameters of ``slots`` from the host slot table (no per-row Python).

@@ -1,0 +1,66 @@
+"""A lagged step's greedy heads in one kernel: the hot path of overlapped chains at small batches.
+
+After rlt-decode replays a step with chain rows, :meth:`SpeculativeExecutor.finish_decode_lagged`
+runs its rows' heads: chain rows reaching depth ``d`` draft the next token into the token table,
+chain rows reaching full depth check theirs (the slot's rejection flag, the slot's token), plain
+rows that exit sample. In general that is the sampler's path — about 40 small eager launches on
+a step with heads (index uploads, zero fills, index writes, argmaxes, compares, a stack), each a
+few microseconds of device time on a step of ~1.3 ms at C = 1. When every head row takes the
+argmax of its raw logits (:func:`rlt.platform.engine.sampler.argmax_only`: greedy, no logprobs,
+logit bias, penalties or min_tokens suppression), the same step is one upload of a row
+descriptor, the LM head over the head rows and one kernel (:mod:`rlt.spec.heads_kernel`), with the
+same results: the argmax's first-index tie rule is torch's, the rejection flag and the slot's token
+change exactly where the general path changes them (``tests/rlt-spec/test_heads.py`` compares the
+two in Triton's interpreter). Triton devices only; ``RLT_SPEC_FUSED_HEADS=0`` keeps the general path.
+A step whose rows make no head at all (every other chain step at d = 2 of 4) needs nothing on the
+device: its (empty) result is known on the host.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from rlt.platform.engine.staging import to_device
+from rlt.platform.models.fused_ops import triton_usable
+
+_BLOCK = 2048
+
+
+def fused_heads_usable(t: torch.Tensor) -> bool:
+    """Whether :func:`greedy_heads` runs for a step whose states are ``t`` (Triton there, not turned off)."""
+    return os.environ.get("RLT_SPEC_FUSED_HEADS", "1") != "0" and triton_usable(t)
+
+
+def _kernel():
+    from rlt.spec.heads_kernel import greedy_heads_kernel
+
+    return greedy_heads_kernel
+
+
+def greedy_heads(model, last: torch.Tensor, *, sampled: np.ndarray, drafting: np.ndarray, checking: np.ndarray,
+                 entries: np.ndarray, slots: np.ndarray, token_table: torch.Tensor, dead: torch.Tensor) -> torch.Tensor:
+    """The heads of a lagged step's rows, all greedy: ``sampled`` (plain rows that exit), ``drafting``
+    and ``checking`` (chain rows; ``entries`` their token-table entries, in that order) are batch row
+    indices; ``slots`` every row's slot; ``last`` every row's end-of-loop state. Writes the drafts and
+    the valid checks' tokens into ``token_table`` and the checks' rejections into ``dead``; returns
+    ``[3, rows]`` int64 on the device: per row the token it yields, whether it counts, its verdict."""
+    from rlt.spec.heads_kernel import CHECK, DRAFT, SAMPLE
+
+    n = len(slots)
+    heads = np.concatenate([sampled, drafting, checking])
+    desc = np.zeros((5, n), np.int64)  # head index, role, entry, slot; then the head rows (one upload)
+    desc[0] = -1
+    desc[0, heads] = np.arange(len(heads))
+    desc[1, sampled], desc[1, drafting], desc[1, checking] = SAMPLE, DRAFT, CHECK
+    desc[2, np.concatenate([drafting, checking])] = entries
+    desc[3] = slots
+    desc[4, : len(heads)] = heads
+    dev = to_device(desc, last.device)
+    logits = model.coda(last.index_select(0, dev[4, : len(heads)]))
+    out = torch.empty(3, n, dtype=torch.int64, device=last.device)
+    _kernel()[(n,)](logits, logits.stride(0), dev, n, logits.shape[1], token_table, dead.view(torch.uint8), out,
+                    BLOCK=_BLOCK)
+    return out

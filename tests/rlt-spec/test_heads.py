@@ -1,0 +1,128 @@
+"""The fused greedy heads of lagged steps (rlt.spec.heads): the Triton kernel, run in Triton's
+interpreter, against a row-by-row statement of what the general path does — drafts written at their
+entries, checks judged against theirs (first-index argmax, ties included), the slot's rejection flag
+and token changed only by a valid check, plain rows' samples at their slots — plus the condition
+under which the engine takes it (rlt.platform.engine.sampler.argmax_only)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from rlt.platform.engine.sampler import argmax_only
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (interpreter)")
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    """rlt.spec.heads with its kernel built by Triton's interpreter (CPU tensors), and usable."""
+    from triton_interpreter import fix_interpreter
+
+    fix_interpreter()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import rlt.spec.heads_kernel as kernel
+
+    importlib.reload(kernel)
+    from rlt.spec import heads
+
+    yield heads
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    importlib.reload(kernel)
+
+
+class _Logits:
+    """A model whose LM head returns fixed logits per batch row: a row's state is its index."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+    def coda(self, h):
+        return self.logits[h[:, 0].long()]
+
+
+def _expected(logits_of, rows, token_table, dead):
+    """Row by row, the general path's effects: (tokens, counts, verdicts) per row, table, flags."""
+    table, flags = token_table.clone(), dead.clone()
+    n = len(rows)
+    out = np.zeros((3, n), np.int64)
+    for r, (role, entry, slot) in enumerate(rows):
+        if role == "none":
+            continue
+        z = logits_of(r)
+        tok = int(np.flatnonzero(z == z.max())[0])  # the first largest
+        if role == "draft":
+            table[entry] = tok
+        elif role == "check":
+            accept = int(token_table[entry]) == tok
+            valid = not bool(dead[slot])
+            if valid:
+                flags[slot] = not accept
+                table[slot] = tok
+            out[:, r] = tok, int(valid), int(accept)
+        else:  # a plain row's sample
+            table[slot] = tok
+            out[:, r] = tok, 1, 0
+    return out, table, flags
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kernel_matches_the_general_paths_effects(interpreted, seed):
+    rng = np.random.default_rng(seed)
+    vocab, n_slots, ring = 4099, 6, 4  # a vocabulary that is not a multiple of the kernel's block
+    n = int(rng.integers(1, 7))
+    slots = rng.permutation(n_slots)[:n]  # one row per slot: one check per slot and step at most
+    roles = rng.choice(["none", "draft", "check", "sample"], size=n)
+    entries = n_slots + np.arange(n) * ring + rng.integers(0, ring, n)  # distinct ring entries
+    logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed))
+    tie_row = int(rng.integers(0, n))
+    # a tie within the kernel's first block (17, 40) and across blocks (3000): the first, 17, wins
+    logits[tie_row, [17, 40, 3000]] = logits[tie_row].max() + 1
+    model, last = _Logits(logits), torch.arange(n, dtype=torch.float32)[:, None].repeat(1, 4)
+    table = torch.as_tensor(rng.integers(0, vocab, n_slots * (1 + ring)), dtype=torch.int64)
+    for r in range(n):  # some checks accept: their entry holds the row's argmax
+        if roles[r] == "check" and rng.random() < 0.5:
+            table[entries[r]] = int(logits[r].argmax())
+    dead = torch.as_tensor(rng.random(n_slots) < 0.3)
+    want, want_table, want_dead = _expected(lambda r: logits[r].numpy(), list(zip(roles, entries, slots)), table, dead)
+    pick = {name: np.flatnonzero(roles == name) for name in ("sample", "draft", "check")}
+    got_table, got_dead = table.clone(), dead.clone()
+    packed = interpreted.greedy_heads(model, last, sampled=pick["sample"], drafting=pick["draft"],
+                                      checking=pick["check"], entries=entries[np.concatenate([pick["draft"], pick["check"]])],
+                                      slots=slots, token_table=got_table, dead=got_dead)
+    assert np.array_equal(packed.numpy(), want)
+    assert torch.equal(got_table, want_table) and torch.equal(got_dead, want_dead)
+    if roles[tie_row] != "none" and roles[tie_row] != "draft":
+        assert packed[0, tie_row] == 17
+
+
+def test_usable_only_with_triton_and_not_turned_off(interpreted, monkeypatch):
+    t = torch.zeros(1)
+    assert interpreted.fused_heads_usable(t)
+    monkeypatch.setenv("RLT_SPEC_FUSED_HEADS", "0")
+    assert not interpreted.fused_heads_usable(t)
+    monkeypatch.delenv("RLT_SPEC_FUSED_HEADS")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not interpreted.fused_heads_usable(t)  # a CPU tensor outside the interpreter
+
+
+def test_argmax_only_names_every_processing_that_needs_the_sampler():
+    from rlt.platform.engine.slots import SlotTable
+
+    table = SlotTable(4, max_stop_ids=2)
+    rows = np.array([0, 2])
+    assert argmax_only(table, rows)
+    changes = [("temperature", 0.7), ("logprobs", 0), ("bias_len", 1), ("penalized", True), ("min_tokens", 3)]
+    for name, value in changes:
+        column = getattr(table, name)
+        saved = column[2]
+        column[2] = value
+        assert not argmax_only(table, rows), name
+        assert argmax_only(table, np.array([0, 1]))  # other slots unaffected
+        column[2] = saved
+    table.min_tokens[2], table.num_generated[2] = 3, 3  # past min_tokens: no suppression left
+    assert argmax_only(table, rows)
