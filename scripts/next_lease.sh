@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 lease calls, CALL=a..i (and at, sp, b2, bc, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
+# H200 lease calls, CALL=a..i (and at, fh, sp, b2, bc, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
 #   OUT=benchmarks/results/h200-<date>-leaseN CALL=g bash scripts/next_lease.sh
 # Lease 9 (benchmarks/results/h200-20261205-lease9) ran g3, a, g2, d2 (lags 2, 1), b2, i's budgets and g4's end-to-end
 # half: TMA tiles above 16 rows and the split-K projections through TMA paid and are on by default; the suite found
@@ -13,6 +13,7 @@
 # H100, benchmarks/results/h100-20261206-lease13) ran at (the decode attention tiles: heads-fastest grid + 3 stages,
 # C=64 +0.9 %, the default since) and the 128-row projection tiles at 65 / 96 / 115 rows (the default from 96 rows
 # since). Next lease, by priority:
+#   sp, fh (any card: issue 13's chain-step cost and the fused greedy heads, new 2026-12-07) >
 #   a (the whole GPU suite, on any card: the lease-13 defaults — the heads-fastest attention grid with 3 stages, the
 #   96-128-row projection blocks — have not run the GPU tests as defaults yet) > k128 (H200 only: C=128 1K/128, the
 #   lease-13 defaults against the old projection rows and attention tiles; K128_PART=a, then b: the 32K step budget)
@@ -51,7 +52,9 @@
 #      K128_WORKLOAD=c=128,in=512,out=128,req=128,budget=40,name=c128-512 compares the same at 115 rows
 #   sp (any card, ~3 min) benchmarks/spec_profile.py: plain decoding and a d = 2, K = 8 chain (scale SP_SCALE, 0.002:
 #      a ~0.95) at C = 1, timed and under the torch profiler, kernels side by side: why a chain step costs ~1.06x
-#      a plain one (lease 12) — issue 13's d = 2 ratio (1.73-1.77x) is that far from 1.8x
+#      a plain one (lease 12) — issue 13's d = 2 ratio (1.73-1.77x) is that far from 1.8x; with the greedy heads in
+#      one kernel (rlt.spec.heads, the default since 2026-12-07) and without (RLT_SPEC_FUSED_HEADS=0)
+#   fh (any card, ~5 min) the fused heads end to end: spec_bench at d = 2, K = 8 (a ~0.95 and ~0.98), with and without
 #   at the decode attention's launch shapes and grid order (DecodeTiles: keys per iteration x warps x stages, and
 #      heads_fastest: the 16 head programs of a row launched together, reading the same 4 KB token stripes of its
 #      pages at about the same time) swept at 64 and 128 rows x 1K (the one-split tiles: attention is ~3.3 of C=64's
@@ -85,7 +88,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, at, sp, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p}
+CALL=${CALL:?set CALL to one of a..i, at, fh, sp, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -175,10 +178,19 @@ case $CALL in
       SKIP_TESTS=1 FUSED_ROWS=$OLD_ROWS VARIANTS="full fullrows" BENCH_ARGS="--no-sync-steps --max-num-batched-tokens 32768" \
         BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R/budget32768 bash scripts/decode_h200.sh
     fi ;;
-  sp)  # where an overlapped chain step's time goes against a plain one (C=1, d=2, K=8, a~0.95), torch profiler
-    timeout ${SP_TIMEOUT:-240} python3 -m benchmarks.spec_profile --preset h200 --scales ${SP_SCALE:-0.002} --ks 8 --ds 2 \
-      --steps 96 --out-dir "$R" > "$R/spec_profile.log" 2>&1
-    echo "rc $?"; head -16 "$R/spec_profile.md"; grep -A14 "^Kernels" "$R/spec_profile.md" ;;
+  sp)  # where an overlapped chain step's time goes against a plain one (C=1, d=2, K=8, a~0.95), torch profiler:
+    # the greedy heads fused (the default since 2026-12-07) and not (RLT_SPEC_FUSED_HEADS=0)
+    for fused in 1 0; do
+      RLT_SPEC_FUSED_HEADS=$fused timeout ${SP_TIMEOUT:-150} python3 -m benchmarks.spec_profile --preset h200 \
+        --scales ${SP_SCALE:-0.002} --ks 8 --ds 2 --steps 96 --out-dir "$R/fused$fused" > "$R/fused$fused.log" 2>&1
+      echo "fused heads $fused: rc $?"; head -16 "$R/fused$fused/spec_profile.md"; grep -A12 "^Kernels" "$R/fused$fused/spec_profile.md"
+    done ;;
+  fh)  # the fused greedy heads end to end: spec_bench (d = 2, K = 8, a ~0.95 / ~0.98) with them and without, back to back
+    for fused in 1 0; do
+      RLT_SPEC_FUSED_HEADS=$fused SKIP_TESTS=1 BENCH_TIMEOUT=${FH_TIMEOUT:-140} \
+        BENCH_ARGS="--scales 0.002,0.001 --targets 0.95,0.98 --ks 8 --ds 2 --big-c 0" OUT=$R/fused$fused \
+        bash scripts/spec_h200.sh | tail -9
+    done ;;
   at)
     timeout 120 python3 -m pytest tests/gpu/test_triton_attention_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" -rfE \
       -k heads_fastest > "$R/heads-fastest-tests.log" 2>&1
