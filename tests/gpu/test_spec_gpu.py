@@ -134,3 +134,32 @@ def test_spec_with_prefix_cache_and_preemption_on_gpu(tiny_checkpoint, tmp_path,
     metrics = {m.name: m.value for m in engine.stats().feature_metrics}
     assert metrics["prefix_cache_hit_tokens"] > 0 and metrics["kv_preemptions"] > 0, metrics
     engine.ctx.parts.kv_manager.audit()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_greedy_heads_equal_the_general_path_on_gpu(tiny_checkpoint, tmp_path, monkeypatch, dtype):
+    """Lagged chain steps through rlt-decode's graphs: with the greedy heads in one kernel (rlt.spec.heads,
+    the default) the tokens and every verdict are those of the general path (RLT_SPEC_FUSED_HEADS=0), in
+    bf16 too (the same LM-head logits, the same first-index argmax); fp32 equals plain decoding."""
+    import rlt.spec.executor as spec_executor
+    from rlt.spec.stats import SpecStats
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    path = scale_loop_updates(tiny_checkpoint(seed=61), tmp_path / "ck", 0.03)
+    reqs = _reqs(5, [(k, d) for k in (2, 8) for d in (1, 2, 3)] + [None], max_tokens=24)
+    calls = []
+    fused = spec_executor.greedy_heads
+    monkeypatch.setattr(spec_executor, "greedy_heads", lambda *a, **kw: calls.append(1) or fused(*a, **kw))
+    runs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("RLT_SPEC_FUSED_HEADS", flag)
+        engine = _engine(path, True, dtype, overlap=True, decode=True)
+        stats = SpecStats()
+        engine.add_observer(stats)
+        outs = _run(engine, reqs)
+        runs[flag] = ({rid: list(o.token_ids) for rid, o in outs.items()}, (stats.accepted, stats.rejected, stats.steps))
+        assert bool(calls) == (flag == "1")
+    assert runs["1"] == runs["0"] and runs["1"][1][1] > 0  # same tokens and verdicts; some rejections
+    if dtype == "float32":
+        want = _run(_engine(path, False, dtype), reqs)
+        assert runs["1"][0] == {rid: list(o.token_ids) for rid, o in want.items()}
