@@ -181,13 +181,17 @@ case $CALL in
   sp)  # where an overlapped chain step's time goes against a plain one (C=1, d=2, K=8, a~0.95), torch profiler:
     # the greedy heads fused (the default since 2026-12-07) and not (RLT_SPEC_FUSED_HEADS=0)
     for fused in 1 0; do
-      RLT_SPEC_FUSED_HEADS=$fused timeout ${SP_TIMEOUT:-150} python3 -m benchmarks.spec_profile --preset h200 \
-        --scales ${SP_SCALE:-0.002} --ks 8 --ds 2 --steps 96 --out-dir "$R/fused$fused" > "$R/fused$fused.log" 2>&1
+      RLT_SPEC_FUSED_HEADS=$fused timeout ${SP_TIMEOUT:-120} python3 -m benchmarks.spec_profile --preset h200 \
+        --scales ${SP_SCALE:-0.002} --ks 8 --ds 2 --steps ${SP_STEPS:-64} --out-dir "$R/fused$fused" > "$R/fused$fused.log" 2>&1
       echo "fused heads $fused: rc $?"; head -16 "$R/fused$fused/spec_profile.md"; grep -A12 "^Kernels" "$R/fused$fused/spec_profile.md"
     done ;;
-  fh)  # the fused greedy heads end to end: spec_bench (d = 2, K = 8, a ~0.95 / ~0.98) with them and without, back to back
+  fh)  # the fused greedy heads: their GPU test, then end to end, spec_bench (d = 2, K = 8, a ~0.95 / ~0.98) with them
+    # and without, back to back
+    timeout 120 python3 -m pytest tests/gpu/test_spec_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" -rfE \
+      -k fused_greedy_heads > "$R/gpu-test.log" 2>&1
+    echo "test rc $?"; tail -3 "$R/gpu-test.log"
     for fused in 1 0; do
-      RLT_SPEC_FUSED_HEADS=$fused SKIP_TESTS=1 BENCH_TIMEOUT=${FH_TIMEOUT:-140} \
+      RLT_SPEC_FUSED_HEADS=$fused SKIP_TESTS=1 BENCH_TIMEOUT=${FH_TIMEOUT:-170} \
         BENCH_ARGS="--scales 0.002,0.001 --targets 0.95,0.98 --ks 8 --ds 2 --big-c 0" OUT=$R/fused$fused \
         bash scripts/spec_h200.sh | tail -9
     done ;;
