@@ -194,3 +194,25 @@ def test_fused_greedy_heads_give_plain_decodings_tokens(tiny_checkpoint, tmp_pat
         importlib.reload(kernel)
     assert sum(calls) > 0 and judged[1][1] > 0  # the kernel judged drafts, some rejected
     assert judged[0] == judged[1]  # the same verdicts in the same steps: the drafts are the same
+
+
+def test_warm_up_runs_speculative_requests(tiny_checkpoint, tmp_path):
+    """The engine warm-up also runs speculative requests where the engine takes them (one alone, then two
+    together: the speculative steps' shapes and the chains' heads compile before serving); the engine is
+    left clean and plain requests still decode like the reference. Without rlt-spec they are skipped."""
+    path = scale_loop_updates(tiny_checkpoint(seed=8), tmp_path / "ck", 0.03)
+    engine = _engine(path, 1)
+    stats = SpecStats()
+    engine.add_observer(stats)
+    free = engine.stats().num_free_kv_blocks
+    report = engine.warm_up(max_concurrency=2, max_prompt_len=20, output_len=6)
+    assert not report.refused and not report.cut
+    assert report.requests == 2 + 2 + 2 + 3  # alone: 16, 20; arrivals; burst; speculative: 1 + 2
+    assert stats.accepted + stats.rejected > 0  # drafts were judged
+    assert not engine.has_unfinished_requests() and engine.stats().num_free_kv_blocks == free
+    plain = _engine(path, None)
+    assert plain.warm_up(max_concurrency=2, max_prompt_len=20, output_len=6).requests == 2 + 2 + 2
+    items = _items(4, n=3)
+    want = run_with_arrivals(plain, [(p, sp.with_(speculation=None)) for p, sp in items], 2)
+    got = run_with_arrivals(engine, items, 2)
+    assert [list(g.token_ids) for g in got] == [list(w.token_ids) for w in want]

@@ -13,7 +13,8 @@ reason.
 serving: one request alone (a prompt per query tile size, :func:`alone_lengths`), then requests
 arriving one per step with prompt lengths on both sides of the specialisation boundaries (mixed
 prompt + decode steps at growing row counts), then a burst admitted at once (packed prompts), with
-adaptive exit on half of them when the engine accepts per-request thresholds. Prompts are seeded
+adaptive exit on half of them when the engine accepts per-request thresholds, then speculative requests
+where the engine takes them (alone and two together). Prompts are seeded
 random token ids, outputs are discarded, every request is finished or aborted before it returns (KV
 freed: the pool is as before, except prefix pages a prefix cache may keep, which are evictable), and
 it stops at ``deadline_s``.
@@ -35,6 +36,8 @@ from rlt.platform.sampling_params import SamplingParams
 #: prompt lengths: 1, around the 16-multiple specialisation boundaries, and up to 1K
 LENGTHS = (1, 3, 16, 17, 31, 64, 100, 255, 512, 1000, 1024)
 PREFIX = "rlt-warmup-"
+#: the speculative requests' setting (refused without rlt-spec, or with one loop: then skipped)
+SPECULATION = {"num_tokens": 4, "draft_loops": 1}
 
 
 def alone_lengths(lengths) -> list[int]:
@@ -100,6 +103,12 @@ def warm_up(engine: Any, *, max_concurrency: int = 48, max_prompt_len: int = 102
     for i in range(n):
         state.add(lengths[(i * 7) % len(lengths)], adaptive=i % 2 == 0)
     state.drain()
+    # 4. where the engine takes speculation (rlt-spec): one request alone, then two together — the
+    # speculative steps' shapes and their heads' kernels (the chains' fused greedy heads compile on first use)
+    for count in (1, 2):
+        for _ in range(count):
+            state.add(lengths[min(2, len(lengths) - 1)], adaptive=False, optional=True, speculation=SPECULATION)
+        state.drain()
     return WarmupReport(state.count, state.steps, time.perf_counter() - t0, tuple(state.refused), state.cut)
 
 
@@ -111,13 +120,13 @@ class _Run:
         self.adaptive_ok = True  # until the engine refuses a per-request threshold
         self.cut = False
 
-    def add(self, length: int, *, adaptive: bool, optional: bool = False) -> None:
-        """Submit a prompt of ``length`` tokens; a refusal is recorded unless ``optional`` (a shape only
-        some compositions take)."""
+    def add(self, length: int, *, adaptive: bool, optional: bool = False, **extra) -> None:
+        """Submit a prompt of ``length`` tokens (``extra``: more sampling parameters); a refusal is
+        recorded unless ``optional`` (a shape only some compositions take)."""
         if self.cut:
             return
         prompt = [self.rng.randrange(self.vocab) for _ in range(length)]
-        params = dict(max_tokens=self.output_len, temperature=0.0, ignore_eos=True)
+        params = dict(max_tokens=self.output_len, temperature=0.0, ignore_eos=True, **extra)
         if adaptive and self.adaptive_ok:
             try:
                 self._submit(prompt, SamplingParams(**params, exit_threshold=0.7))
