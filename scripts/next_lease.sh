@@ -77,7 +77,7 @@
 #      step against the 7.06 ms floor) — what the 6.2 % to the 2,500 target would come from; then C=128 end to end
 #      at step budgets of 16K (the harness default) and 32K tokens (lease 9 ran the budgets: 2,341 / 2,401)
 #   b2 the three fold sites one at a time (RLT_FOLD=attention / split_k / tiles; lease 9: none pays alone)
-#   a  the whole GPU suite; FA4's tests too when h installed it on this machine (/tmp/site) — including, since
+#   a  the whole GPU suite (SUITE: some of its files); FA4's tests too when h installed it on this machine (/tmp/site) — including, since
 #      2026-12-06, test_decode_gpu.py::test_penalised_decode_equals_the_penalised_oracle_fp32 (the penalties'
 #      token history on the GPU; never run there yet)
 #   d  self-speculation re-measured on this build (scripts/spec_h200.sh: d=1/2, K=2..8, measured acceptance)
@@ -111,7 +111,7 @@ winners() {
 case $CALL in
   a)
     [ -d /tmp/site/flash_attn ] && export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH"
-    timeout ${SUITE_TIMEOUT:-540} python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -o addopts="" -rfEs \
+    timeout ${SUITE_TIMEOUT:-540} python3 -m pytest ${SUITE:-tests/gpu} -m gpu -q -p no:cacheprovider -o addopts="" -rfEs \
       --durations=15 > "$R/gpu-suite.log" 2>&1
     echo "rc $?"
     grep -E "^(FAILED|ERROR)|passed|failed" "$R/gpu-suite.log" | tail -25 ;;
