@@ -192,7 +192,7 @@ case $CALL in
     echo "test rc $?"; tail -3 "$R/gpu-test.log"
     for fused in 1 0; do
       RLT_SPEC_FUSED_HEADS=$fused SKIP_TESTS=1 BENCH_TIMEOUT=${FH_TIMEOUT:-170} \
-        BENCH_ARGS="--scales 0.002,0.001 --targets 0.95,0.98 --ks 8 --ds 2 --big-c 0" OUT=$R/fused$fused \
+        BENCH_ARGS="--scales ${FH_SCALES:-0.002,0.001} --targets ${FH_TARGETS:-0.95,0.98} --ks 8 --ds 2 --big-c 0" OUT=$R/fused$fused \
         bash scripts/spec_h200.sh | tail -9
     done ;;
   at)
