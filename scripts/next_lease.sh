@@ -88,7 +88,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, at, fh, sp, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p}
+CALL=${CALL:?set CALL to one of a..i, at, fh, fs, sp, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -185,6 +185,11 @@ case $CALL in
         --scales ${SP_SCALE:-0.002} --ks 8 --ds 2 --steps ${SP_STEPS:-64} --out-dir "$R/fused$fused" > "$R/fused$fused.log" 2>&1
       echo "fused heads $fused: rc $?"; head -16 "$R/fused$fused/spec_profile.md"; grep -A12 "^Kernels" "$R/fused$fused/spec_profile.md"
     done ;;
+  fs)  # a short lease's fh: the fused heads' GPU test, then sp (the step profiles with and without them)
+    timeout 100 python3 -m pytest tests/gpu/test_spec_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" -rfE \
+      -k fused_greedy_heads > "$R/gpu-test.log" 2>&1
+    echo "test rc $?"; tail -3 "$R/gpu-test.log"
+    CALL=sp OUT=$R bash "$0" ;;
   fh)  # the fused greedy heads: their GPU test, then end to end, spec_bench (d = 2, K = 8, a ~0.95 / ~0.98) with them
     # and without, back to back
     timeout 120 python3 -m pytest tests/gpu/test_spec_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" -rfE \
