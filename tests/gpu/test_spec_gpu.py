@@ -139,8 +139,9 @@ def test_spec_with_prefix_cache_and_preemption_on_gpu(tiny_checkpoint, tmp_path,
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_greedy_heads_equal_the_general_path_on_gpu(tiny_checkpoint, tmp_path, monkeypatch, dtype):
     """Lagged chain steps through rlt-decode's graphs: with the greedy heads in one kernel (rlt.spec.heads,
-    the default) the tokens and every verdict are those of the general path (RLT_SPEC_FUSED_HEADS=0), in
-    bf16 too (the same LM-head logits, the same first-index argmax); fp32 equals plain decoding."""
+    RLT_SPEC_FUSED_HEADS=1) the tokens and every verdict are those of the general path (=0, the default), in
+    bf16 too (the same LM-head logits, the same first-index argmax); fp32 equals plain decoding; the kernel
+    compiled (no fallback to the general path)."""
     import rlt.spec.executor as spec_executor
     from rlt.spec.stats import SpecStats
 
@@ -159,6 +160,7 @@ def test_fused_greedy_heads_equal_the_general_path_on_gpu(tiny_checkpoint, tmp_p
         outs = _run(engine, reqs)
         runs[flag] = ({rid: list(o.token_ids) for rid, o in outs.items()}, (stats.accepted, stats.rejected, stats.steps))
         assert bool(calls) == (flag == "1")
+        assert engine.ctx.parts.executor.inner.fused_heads_off == ""
     assert runs["1"] == runs["0"] and runs["1"][1][1] > 0  # same tokens and verdicts; some rejections
     if dtype == "float32":
         want = _run(_engine(path, False, dtype), reqs)

@@ -216,3 +216,29 @@ def test_warm_up_runs_speculative_requests(tiny_checkpoint, tmp_path):
     want = run_with_arrivals(plain, [(p, sp.with_(speculation=None)) for p, sp in items], 2)
     got = run_with_arrivals(engine, items, 2)
     assert [list(g.token_ids) for g in got] == [list(w.token_ids) for w in want]
+
+
+def test_a_failing_fused_heads_launch_falls_back_to_the_general_path(tiny_checkpoint, tmp_path, monkeypatch, caplog):
+    """A fused-heads launch that raises (e.g. a compile failure) writes nothing: that step and every later one
+    take the general path, the reason is kept and logged, and the output is plain decoding's."""
+    import rlt.spec.executor as spec_executor
+
+    calls = []
+
+    def failing(*args, **kw):
+        calls.append(1)
+        raise RuntimeError("no kernel here")
+
+    monkeypatch.setattr(spec_executor, "fused_heads_usable", lambda t: True)
+    monkeypatch.setattr(spec_executor, "greedy_heads", failing)
+    path = scale_loop_updates(tiny_checkpoint(seed=8), tmp_path / "ck", 0.03)
+    items = _items(9)
+    want = run_with_arrivals(_engine(path, None), [(p, sp.with_(speculation=None)) for p, sp in items], 3)
+    engine = _engine(path, 1)
+    with caplog.at_level("WARNING", logger="rlt.spec"):
+        got = run_with_arrivals(engine, items, 3)
+    for w, g in zip(want, got):
+        assert g.error is None and list(g.token_ids) == list(w.token_ids), g.request_id
+    executor = engine.ctx.parts.executor.inner
+    assert calls == [1] and executor.fused_heads_off == "RuntimeError: no kernel here"
+    assert "fused greedy heads failed" in caplog.text

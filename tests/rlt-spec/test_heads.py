@@ -100,12 +100,15 @@ def test_kernel_matches_the_general_paths_effects(interpreted, seed):
         assert packed[0, tie_row] == 17
 
 
-def test_usable_only_with_triton_and_not_turned_off(interpreted, monkeypatch):
+def test_usable_only_when_asked_for_and_with_triton(interpreted, monkeypatch):
     t = torch.zeros(1)
+    monkeypatch.delenv("RLT_SPEC_FUSED_HEADS", raising=False)
+    assert not interpreted.fused_heads_usable(t)  # opt-in until a GPU lease has timed it
+    monkeypatch.setenv("RLT_SPEC_FUSED_HEADS", "1")
     assert interpreted.fused_heads_usable(t)
     monkeypatch.setenv("RLT_SPEC_FUSED_HEADS", "0")
     assert not interpreted.fused_heads_usable(t)
-    monkeypatch.delenv("RLT_SPEC_FUSED_HEADS")
+    monkeypatch.setenv("RLT_SPEC_FUSED_HEADS", "1")
     monkeypatch.delenv("TRITON_INTERPRET")
     assert not interpreted.fused_heads_usable(t)  # a CPU tensor outside the interpreter
 

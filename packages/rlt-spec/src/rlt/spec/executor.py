@@ -32,6 +32,8 @@ stamps are overwritten when the next round runs those positions from depth 0.
 
 from __future__ import annotations
 
+import logging
+
 import attrs
 import numpy as np
 import torch
@@ -45,6 +47,7 @@ from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, SpecStepResult, row_colum
 from rlt.spec.verify import Checked
 
 _NEVER_EXIT = 1 << 30
+log = logging.getLogger("rlt.spec")
 
 
 def _scatter_rows(num_rows: int, parts) -> tuple[np.ndarray, np.ndarray]:
@@ -147,6 +150,8 @@ class SpeculativeExecutor(EagerExecutor):
         #: device), and the per-row states the base step computed (set by :meth:`_keep`)
         self._spec: tuple[np.ndarray, torch.Tensor] | None = None
         self._last: torch.Tensor | None = None
+        #: why the fused greedy heads (:mod:`rlt.spec.heads`) stopped being used, after a launch raised ("" while usable)
+        self.fused_heads_off = ""
 
     @classmethod
     def from_context(cls, ctx, *, max_drafts: int) -> "SpeculativeExecutor":
@@ -243,12 +248,17 @@ class SpeculativeExecutor(EagerExecutor):
         heads = np.concatenate([sampled, drafting, checking])
         if not len(heads):
             return LaggedSpecStep(shape, None)
-        if fused_heads_usable(last) and argmax_only(self.sampler.table, b.slots[heads]):
+        if not self.fused_heads_off and fused_heads_usable(last) and argmax_only(self.sampler.table, b.slots[heads]):
             chain_rows = [b.rows[i] for i in np.concatenate([drafting, checking])]
-            packed = greedy_heads(self.model, last, sampled=sampled, drafting=drafting, checking=checking,
-                                  entries=row_column(chain_rows, "state_index", 0, np.int64), slots=b.slots,
-                                  token_table=self.token_table, dead=self.dead)
-            return LaggedSpecStep(shape, packed)
+            try:
+                packed = greedy_heads(self.model, last, sampled=sampled, drafting=drafting, checking=checking,
+                                      entries=row_column(chain_rows, "state_index", 0, np.int64), slots=b.slots,
+                                      token_table=self.token_table, dead=self.dead)
+            except Exception as exc:  # noqa: BLE001 - a compile / launch failure writes nothing: the general path
+                self.fused_heads_off = f"{type(exc).__name__}: {exc}"[:200]
+                log.warning("fused greedy heads failed; chain heads take the general path from now on: %s", exc)
+            else:
+                return LaggedSpecStep(shape, packed)
         tokens = torch.zeros(n, dtype=torch.int64, device=self.device)
         counts = torch.zeros(n, dtype=torch.int64, device=self.device)
         verdicts = torch.zeros(n, dtype=torch.int64, device=self.device)
