@@ -77,6 +77,11 @@ def window(engine, spec, *, prompt: list[int], out: int, steps: int, warm_steps:
             **step_profile(prof, steps, profiled_ms, cuda, top=40)}
 
 
+def _cell(v) -> str:
+    """A (calls, us) pair as "us (calls)", or "-"."""
+    return "-" if v is None else f"{v[1]:.1f} ({v[0]:.2f})"
+
+
 def markdown(res: dict) -> str:
     a = res["args"]
     p, c = res["plain"], res["chain"]
@@ -101,12 +106,10 @@ def markdown(res: dict) -> str:
             continue
         lines += ["", f"{title}, per engine step (us; calls):", "", "| name | plain | chain | chain - plain |",
                   "| --- | --- | --- | --- |"]
-        def cell(v):
-            return "-" if v is None else f"{v[1]:.1f} ({v[0]:.2f})"
         order = sorted(names.items(), key=lambda kv: -max((v[1] for v in kv[1] if v), default=0))
         for name, (pv, cv) in order:
             diff = (cv[1] if cv else 0.0) - (pv[1] if pv else 0.0)
-            lines.append(f"| `{name[:90]}` | {cell(pv)} | {cell(cv)} | {diff:+.1f} |")
+            lines.append(f"| `{name[:90]}` | {_cell(pv)} | {_cell(cv)} | {diff:+.1f} |")
     return "\n".join(lines) + "\n"
 
 
