@@ -157,7 +157,8 @@ def test_logprobs_make_chain_steps_read_at_once(tiny_checkpoint, tmp_path):
 def test_fused_greedy_heads_give_plain_decodings_tokens(tiny_checkpoint, tmp_path, monkeypatch, scale):
     """Lagged chain steps whose heads all take the argmax run them in one kernel (rlt.spec.heads; here
     built by Triton's interpreter on CPU tensors): the output is still plain decoding's, token for token,
-    with rejections; requests with logprobs or random sampling keep the general path in the same run."""
+    with rejections, and the accepted / rejected / step counts are the general path's (the drafts are the
+    same); a request with logprobs keeps the general path in the same run."""
     from triton_interpreter import fix_interpreter
 
     import rlt.spec.executor as spec_executor
