@@ -238,8 +238,7 @@ class SpeculativeExecutor(EagerExecutor):
         n = b.num_rows
         plain = role == PLAIN
         sampled = np.nonzero(b.fixed_exit & b.samples & plain)[0]
-        d = row_column(b.rows, "draft_loops", 0, np.int64)
-        drafting, checking = self._chain_rows(b, np.nonzero(role == CHAIN)[0], d)
+        drafting, checking = self._chain_rows(b, np.nonzero(role == CHAIN)[0])
         exited = b.fixed_exit & plain
         exited[checking] = True
         shape_counts = np.zeros(n, np.int64)
@@ -268,7 +267,7 @@ class SpeculativeExecutor(EagerExecutor):
             self.token_table[self._dev(b.slots[sampled])] = out.token_ids
             tokens[rows], counts[rows] = out.token_ids, 1
         if len(drafting) or len(checking):
-            heads = self._chain_device(b, drafting, checking, d, last)
+            heads = self._chain_device(b, drafting, checking, last)
             if heads.check is not None:
                 rows = self._dev(heads.checking)
                 tokens[rows] = heads.check.token_ids
@@ -300,7 +299,7 @@ class SpeculativeExecutor(EagerExecutor):
             parts.append((heads, v.num_tokens))
             arrays.append((v.token_ids, v.logprobs, v.top_ids, v.top_logprobs))
         if len(chain):
-            heads = self._chain_device(b, *self._chain_rows(b, chain, d), d, last)
+            heads = self._chain_device(b, *self._chain_rows(b, chain), last)
             if heads.check is not None:
                 c = heads.check
                 checked = heads.checking
@@ -323,18 +322,17 @@ class SpeculativeExecutor(EagerExecutor):
             exited, num, ids if ids is not None else np.zeros(0, np.int64), lp, top_ids, top_lp,
             prompt_logprobs=base.prompt_logprobs, draft_tokens=draft_tokens, accepted=accepted)
 
-    def _chain_rows(self, b, chain: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _chain_rows(self, b, chain: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The chain rows (batch indices ``chain``) that draft (reaching depth ``d``) and that check
         (reaching full depth) after this step. A chain's first row clears its slot's rejection flag
         here, before any check of the step reads it."""
         first = [i for i in chain if b.depth[i] == 0 and b.rows[i].first]
         if first:
             self.dead[self._dev(b.slots[first])] = False
-        loop = b.depth[chain] + 1
-        return chain[loop == d[chain]], chain[b.fixed_exit[chain]]
+        d = row_column([b.rows[i] for i in chain], "draft_loops", 0, np.int64)
+        return chain[b.depth[chain] + 1 == d], chain[b.fixed_exit[chain]]
 
-    def _chain_device(self, b, drafting: np.ndarray, checking: np.ndarray, d: np.ndarray,
-                      last: torch.Tensor) -> ChainHeads:
+    def _chain_device(self, b, drafting: np.ndarray, checking: np.ndarray, last: torch.Tensor) -> ChainHeads:
         """Chain rows' heads (:meth:`_chain_rows`), on the device only: rows reaching depth ``d``
         (``drafting``) draft the next token into the token table at their entries (``q`` into the
         ring); rows reaching full depth (``checking``) check the draft at their entry (one LM-head

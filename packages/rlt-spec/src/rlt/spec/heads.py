@@ -38,12 +38,6 @@ def fused_heads_usable(t: torch.Tensor) -> bool:
     return os.environ.get("RLT_SPEC_FUSED_HEADS", "0") == "1" and triton_usable(t)
 
 
-def _kernel():
-    from rlt.spec.heads_kernel import greedy_heads_kernel
-
-    return greedy_heads_kernel
-
-
 def greedy_heads(model, last: torch.Tensor, *, sampled: np.ndarray, drafting: np.ndarray, checking: np.ndarray,
                  entries: np.ndarray, slots: np.ndarray, token_table: torch.Tensor, dead: torch.Tensor) -> torch.Tensor:
     """The heads of a lagged step's rows, all greedy: ``sampled`` (plain rows that exit), ``drafting``
@@ -51,7 +45,7 @@ def greedy_heads(model, last: torch.Tensor, *, sampled: np.ndarray, drafting: np
     indices; ``slots`` every row's slot; ``last`` every row's end-of-loop state. Writes the drafts and
     the valid checks' tokens into ``token_table`` and the checks' rejections into ``dead``; returns
     ``[3, rows]`` int64 on the device: per row the token it yields, whether it counts, its verdict."""
-    from rlt.spec.heads_kernel import CHECK, DRAFT, SAMPLE
+    from rlt.spec.heads_kernel import CHECK, DRAFT, SAMPLE, greedy_heads_kernel  # Triton: on first use only
 
     n = len(slots)
     heads = np.concatenate([sampled, drafting, checking])
@@ -65,6 +59,6 @@ def greedy_heads(model, last: torch.Tensor, *, sampled: np.ndarray, drafting: np
     dev = to_device(desc, last.device)
     logits = model.coda(last.index_select(0, dev[4, : len(heads)]))
     out = torch.empty(3, n, dtype=torch.int64, device=last.device)
-    _kernel()[(n,)](logits, logits.stride(0), dev, n, logits.shape[1], token_table, dead.view(torch.uint8), out,
-                    BLOCK=_BLOCK)
+    greedy_heads_kernel[(n,)](logits, logits.stride(0), dev, n, logits.shape[1], token_table, dead.view(torch.uint8),
+                              out, BLOCK=_BLOCK)
     return out
