@@ -91,7 +91,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, at, fh, fs, sp, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p}
+CALL=${CALL:?set CALL to one of a..i, at, fh, fs, hs, sp, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -202,6 +202,16 @@ case $CALL in
       RLT_SPEC_FUSED_HEADS=$fused SKIP_TESTS=1 BENCH_TIMEOUT=${FH_TIMEOUT:-170} \
         BENCH_ARGS="--scales ${FH_SCALES:-0.002,0.001} --targets ${FH_TARGETS:-0.95,0.98} --ks 8 --ds 2 --big-c 0" OUT=$R/fused$fused \
         bash scripts/spec_h200.sh | tail -9
+    done ;;
+  hs)  # the fused heads' launch shapes (benchmarks/spec_heads_sweep.py), then spec_bench d = 2, K = 8 at a ~0.98 with
+    # the sweep's best shape against the default, back to back (skipped when the default wins)
+    timeout ${HS_TIMEOUT:-150} python3 -m benchmarks.spec_heads_sweep --out "$R/heads.json" > "$R/heads.log" 2>&1
+    echo "sweep rc $?"; cat "$R/heads.log" | tail -20
+    BEST=$(python3 -c "import json; d = json.load(open('$R/heads.json')); print(d['best'] if d['best'] != d['default'] else '')")
+    [ -n "$BEST" ] && for tiles in "$BEST" ""; do
+      RLT_SPEC_HEADS_TILES=$tiles SKIP_TESTS=1 BENCH_TIMEOUT=${FH_TIMEOUT:-170} \
+        BENCH_ARGS="--scales 0.001 --targets 0.98 --ks 8 --ds 2 --big-c 0" OUT=$R/tiles${tiles:-default} \
+        bash scripts/spec_h200.sh | tail -5
     done ;;
   at)
     timeout 120 python3 -m pytest tests/gpu/test_triton_attention_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" -rfE \

@@ -70,8 +70,10 @@ def _expected(logits_of, rows, token_table, dead):
     return out, table, flags
 
 
+@pytest.mark.parametrize("tiles", ["1024x4", "2048x8"])
 @pytest.mark.parametrize("seed", range(6))
-def test_kernel_matches_the_general_paths_effects(interpreted, seed):
+def test_kernel_matches_the_general_paths_effects(interpreted, monkeypatch, seed, tiles):
+    monkeypatch.setenv("RLT_SPEC_HEADS_TILES", tiles)
     rng = np.random.default_rng(seed)
     vocab, n_slots, ring = 4099, 6, 4  # a vocabulary that is not a multiple of the kernel's block
     n = int(rng.integers(1, 7))
@@ -80,7 +82,7 @@ def test_kernel_matches_the_general_paths_effects(interpreted, seed):
     entries = n_slots + np.arange(n) * ring + rng.integers(0, ring, n)  # distinct ring entries
     logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(seed))
     tie_row = int(rng.integers(0, n))
-    # a tie within the kernel's first block (17, 40) and across blocks (3000): the first, 17, wins
+    # a tie within the kernel's first block (17, 40) and in a later one (3000): the first, 17, wins
     logits[tie_row, [17, 40, 3000]] = logits[tie_row].max() + 1
     model, last = _Logits(logits), torch.arange(n, dtype=torch.float32)[:, None].repeat(1, 4)
     table = torch.as_tensor(rng.integers(0, vocab, n_slots * (1 + ring)), dtype=torch.int64)
@@ -100,12 +102,10 @@ def test_kernel_matches_the_general_paths_effects(interpreted, seed):
         assert packed[0, tie_row] == 17
 
 
-def test_usable_only_when_asked_for_and_with_triton(interpreted, monkeypatch):
+def test_usable_by_default_with_triton_unless_turned_off(interpreted, monkeypatch):
     t = torch.zeros(1)
     monkeypatch.delenv("RLT_SPEC_FUSED_HEADS", raising=False)
-    assert not interpreted.fused_heads_usable(t)  # opt-in until a GPU lease has timed it
-    monkeypatch.setenv("RLT_SPEC_FUSED_HEADS", "1")
-    assert interpreted.fused_heads_usable(t)
+    assert interpreted.fused_heads_usable(t)  # the default since lease 14 timed it (docs/spec.md)
     monkeypatch.setenv("RLT_SPEC_FUSED_HEADS", "0")
     assert not interpreted.fused_heads_usable(t)
     monkeypatch.setenv("RLT_SPEC_FUSED_HEADS", "1")
@@ -129,3 +129,54 @@ def test_argmax_only_names_every_processing_that_needs_the_sampler():
         column[2] = saved
     table.min_tokens[2], table.num_generated[2] = 3, 3  # past min_tokens: no suppression left
     assert argmax_only(table, rows)
+
+
+COMPILE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from benchmarks.triton_aot_report import compile_sass
+from rlt.spec.heads_kernel import greedy_heads_kernel
+from rlt.spec.heads import DEFAULT_TILES
+out = {}
+for block, warps in {DEFAULT_TILES, (16384, 16)}:  # the default and the sweep's largest shape
+    for dtype in ("bf16", "fp32"):
+        types = {"LOGITS": "*" + dtype, "DESC": "*i64", "TABLE": "*i64", "DEAD": "*u8", "OUT": "*i64", "stride_l": "i32"}
+        ops, usage, _ = compile_sass(greedy_heads_kernel, {"BLOCK": block}, 90, types, set(), num_warps=warps)
+        out[f"{block}x{warps}/{dtype}"] = {"ops": len(ops), "local": usage.get("local")}
+print(json.dumps(out))
+"""
+
+
+def test_kernel_compiles_for_sm90():
+    """The kernel through Triton's compiler for sm_90 (no GPU needed): the interpreter runs the kernel's
+    Python and misses what only the compiler rejects (lease 14's first GPU run failed on a module
+    global read without ``tl.constexpr``). Run in a subprocess: the fixture above may have left the
+    kernel built by the interpreter in this process."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", COMPILE, str(root)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(result) >= 2, result
+    for shape in result.values():
+        assert shape["ops"] > 0 or shape["local"] is None  # SASS listed where cuobjdump ships
+        assert shape["local"] in (0, None), result  # no spills
+
+
+def test_launch_shape_from_the_environment(monkeypatch):
+    from rlt.spec.heads import DEFAULT_TILES, heads_tiles
+
+    monkeypatch.delenv("RLT_SPEC_HEADS_TILES", raising=False)
+    assert heads_tiles() == DEFAULT_TILES
+    monkeypatch.setenv("RLT_SPEC_HEADS_TILES", "8192X16")
+    assert heads_tiles() == (8192, 16)
+    for bad in ("8192", "3000x4", "4096x3", "ax4", "8x4"):
+        monkeypatch.setenv("RLT_SPEC_HEADS_TILES", bad)
+        with pytest.raises(ValueError, match="RLT_SPEC_HEADS_TILES"):
+            heads_tiles()

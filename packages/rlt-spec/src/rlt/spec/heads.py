@@ -29,13 +29,29 @@ import torch
 from rlt.platform.engine.staging import to_device
 from rlt.platform.models.fused_ops import triton_usable
 
-_BLOCK = 2048
+#: The kernel's launch shape, vocabulary entries per iteration x warps: ``RLT_SPEC_HEADS_TILES=BLOCKxWARPS``
+#: overrides it (``benchmarks/spec_heads_sweep.py`` times the candidates on a GPU).
+DEFAULT_TILES = (2048, 4)
+
+
+def heads_tiles() -> tuple[int, int]:
+    """The launch shape: ``RLT_SPEC_HEADS_TILES`` (``BLOCKxWARPS``, BLOCK a power of two) or the default."""
+    text = os.environ.get("RLT_SPEC_HEADS_TILES", "")
+    if not text:
+        return DEFAULT_TILES
+    try:
+        block, warps = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"RLT_SPEC_HEADS_TILES={text!r}: expected BLOCKxWARPS, e.g. 4096x8") from None
+    if block < 16 or block & (block - 1) or warps not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"RLT_SPEC_HEADS_TILES={text!r}: BLOCK a power of two >= 16, WARPS a power of two <= 32")
+    return block, warps
 
 
 def fused_heads_usable(t: torch.Tensor) -> bool:
     """Whether :func:`greedy_heads` runs for a step whose states are ``t``: asked for
     (``RLT_SPEC_FUSED_HEADS=1``) and Triton there."""
-    return os.environ.get("RLT_SPEC_FUSED_HEADS", "0") == "1" and triton_usable(t)
+    return os.environ.get("RLT_SPEC_FUSED_HEADS", "1") == "1" and triton_usable(t)
 
 
 def greedy_heads(model, last: torch.Tensor, *, sampled: np.ndarray, drafting: np.ndarray, checking: np.ndarray,
@@ -45,7 +61,7 @@ def greedy_heads(model, last: torch.Tensor, *, sampled: np.ndarray, drafting: np
     indices; ``slots`` every row's slot; ``last`` every row's end-of-loop state. Writes the drafts and
     the valid checks' tokens into ``token_table`` and the checks' rejections into ``dead``; returns
     ``[3, rows]`` int64 on the device: per row the token it yields, whether it counts, its verdict."""
-    from rlt.spec.heads_kernel import CHECK, DRAFT, SAMPLE, greedy_heads_kernel  # Triton: on first use only
+    from rlt.spec.heads_kernel import CHECK, DRAFT, SAMPLE  # Triton: on first use only
 
     n = len(slots)
     heads = np.concatenate([sampled, drafting, checking])
@@ -58,7 +74,17 @@ def greedy_heads(model, last: torch.Tensor, *, sampled: np.ndarray, drafting: np
     desc[4, : len(heads)] = heads
     dev = to_device(desc, last.device)
     logits = model.coda(last.index_select(0, dev[4, : len(heads)]))
-    out = torch.empty(3, n, dtype=torch.int64, device=last.device)
+    return launch(logits, dev, n, token_table, dead)
+
+
+def launch(logits: torch.Tensor, dev: torch.Tensor, n: int, token_table: torch.Tensor, dead: torch.Tensor,
+           tiles: tuple[int, int] | None = None) -> torch.Tensor:
+    """The kernel over ``n`` rows described by ``dev`` (:func:`greedy_heads`' descriptor), ``logits`` the head
+    rows' logits: the ``[3, n]`` result."""
+    from rlt.spec.heads_kernel import greedy_heads_kernel
+
+    block, warps = tiles or heads_tiles()
+    out = torch.empty(3, n, dtype=torch.int64, device=logits.device)
     greedy_heads_kernel[(n,)](logits, logits.stride(0), dev, n, logits.shape[1], token_table, dead.view(torch.uint8),
-                              out, BLOCK=_BLOCK)
+                              out, BLOCK=block, num_warps=warps)
     return out

@@ -8,6 +8,8 @@ import triton.language as tl
 
 #: row roles in the descriptor (``rlt.spec.heads``): no head, chain draft, chain check, plain sample
 NONE, DRAFT, CHECK, SAMPLE = 0, 1, 2, 3
+# the same inside the kernel: a jitted function reads module globals only as ``tl.constexpr`` objects
+_DRAFT, _CHECK, _SAMPLE = tl.constexpr(DRAFT), tl.constexpr(CHECK), tl.constexpr(SAMPLE)
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # the row count varies per step: one compile
@@ -33,9 +35,9 @@ def greedy_heads_kernel(LOGITS, stride_l, DESC, n_rows, vocab, TABLE, DEAD, OUT,
             better = m > best  # strictly: an equal later block keeps the earlier index
             best_i = tl.where(better, i, best_i)
             best = tl.where(better, m, best)
-        if role == DRAFT:  # the draft, where the chain's next row embeds it and this row's check judges it
+        if role == _DRAFT:  # the draft, where the chain's next row embeds it and this row's check judges it
             tl.store(TABLE + entry, best_i)
-        if role == CHECK:
+        if role == _CHECK:
             accept = tl.load(TABLE + entry) == best_i
             valid = tl.load(DEAD + slot) == 0
             tl.store(DEAD + slot, (valid & ~accept).to(tl.uint8), mask=valid)
@@ -43,7 +45,7 @@ def greedy_heads_kernel(LOGITS, stride_l, DESC, n_rows, vocab, TABLE, DEAD, OUT,
             token = best_i
             count = valid.to(tl.int64)
             verdict = accept.to(tl.int64)
-        if role == SAMPLE:
+        if role == _SAMPLE:
             tl.store(TABLE + slot, best_i)
             token = best_i
             count = tl.full((), 1, tl.int64)
