@@ -139,7 +139,7 @@ def test_spec_with_prefix_cache_and_preemption_on_gpu(tiny_checkpoint, tmp_path,
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_greedy_heads_equal_the_general_path_on_gpu(tiny_checkpoint, tmp_path, monkeypatch, dtype):
     """Lagged chain steps through rlt-decode's graphs: with the greedy heads in one kernel (rlt.spec.heads,
-    RLT_SPEC_FUSED_HEADS=1) the tokens and every verdict are those of the general path (=0, the default), in
+    RLT_SPEC_FUSED_HEADS=1, the default) the tokens and every verdict are those of the general path (=0), in
     bf16 too (the same LM-head logits, the same first-index argmax); fp32 equals plain decoding; the kernel
     compiled (no fallback to the general path)."""
     import rlt.spec.executor as spec_executor

@@ -11,10 +11,10 @@ logit bias, penalties or min_tokens suppression), the same step is one upload of
 descriptor, the LM head over the head rows and one kernel (:mod:`rlt.spec.heads_kernel`), with the
 same results: the argmax's first-index tie rule is torch's, the rejection flag and the slot's token
 change exactly where the general path changes them (``tests/rlt-spec/test_heads.py`` compares the
-two in Triton's interpreter). Triton devices only, and **opt-in** (``RLT_SPEC_FUSED_HEADS=1``) until a
-GPU lease has timed it against the general path (the project flips a default only on a measured gain;
-the kernel has run in the interpreter, not yet compiled for a GPU). A launch that raises (a compile
-failure) turns it off for the engine's life, with a warning; that step takes the general path.
+two in Triton's interpreter, ``test_kernel_compiles_for_sm90`` compiles it). Triton devices only; on by
+default since lease 14 timed it (+1.9-2.4 % tok/s at d = 2, K = 8 on an H100: ``docs/spec.md``),
+``RLT_SPEC_FUSED_HEADS=0`` turns it off. A launch that raises (a compile failure) turns it off for the
+engine's life, with a warning; that step takes the general path.
 A step whose rows make no head at all (every other chain step at d = 2 of 4) needs nothing on the
 device, fused heads or not: its (empty) result is known on the host.
 """
@@ -49,8 +49,8 @@ def heads_tiles() -> tuple[int, int]:
 
 
 def fused_heads_usable(t: torch.Tensor) -> bool:
-    """Whether :func:`greedy_heads` runs for a step whose states are ``t``: asked for
-    (``RLT_SPEC_FUSED_HEADS=1``) and Triton there."""
+    """Whether :func:`greedy_heads` runs for a step whose states are ``t``: not turned off
+    (``RLT_SPEC_FUSED_HEADS=0``) and Triton there."""
     return os.environ.get("RLT_SPEC_FUSED_HEADS", "1") == "1" and triton_usable(t)
 
 
