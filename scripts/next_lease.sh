@@ -12,14 +12,14 @@
 # 0 / 1 (lag 0 slower), and g9's sweep (the 64-row split-K plans: 0.5 us per layer, not timed end to end). Lease 13 (an
 # H100, benchmarks/results/h100-20261206-lease13) ran at (the decode attention tiles: heads-fastest grid + 3 stages,
 # C=64 +0.9 %, the default since) and the 128-row projection tiles at 65 / 96 / 115 rows (the default from 96 rows
-# since). Next lease, by priority:
-#   fh (any card, ~8 min; fs on a short lease: the GPU test + sp): the fused greedy heads of issue 13's chains (new
-#   2026-12-07, opt-in, never compiled for a GPU yet): their GPU test, then spec_bench with and without them; on a
-#   gain > 2 % make RLT_SPEC_FUSED_HEADS default to 1 (rlt.spec.heads.fused_heads_usable) > sp (the step profiles) >
-#   a (the whole GPU suite, on any card: the lease-13 defaults — the heads-fastest attention grid with 3 stages, the
-#   96-128-row projection blocks — have not run the GPU tests as defaults yet) > k128 (H200 only: C=128 1K/128, the
-#   lease-13 defaults against the old projection rows and attention tiles; K128_PART=a, then b: the 32K step budget)
-#   > i's C=128 decode profile (H200 only) > h (FA4) > d. Each call:
+# since). Lease 14 (an H100, benchmarks/results/h100-20261207-lease14) ran fh (the fused greedy heads: a compile error
+# first — fixed —, then +2.4 % / +1.9 % at d = 2, K = 8: the default since), a (the whole suite: 222 passed) and sp
+# (a chain step 1.042x a plain one with the fused heads, 1.067x without). Next lease, by priority:
+#   hs (any card, ~4 min) the fused heads' launch shapes (benchmarks/spec_heads_sweep.py: ~23 us a launch at the
+#   default 2048 x 4 in lease 14's profile), then spec_bench d = 2, K = 8, a ~0.98 with the best shape against the
+#   default (a gain > 1 % makes it rlt.spec.heads.DEFAULT_TILES) > k128 (H200 only: C=128 1K/128, the lease-13
+#   defaults against the old projection rows and attention tiles; K128_PART=a, then b: the 32K step budget) > i's
+#   C=128 decode profile (H200 only) > h (FA4) > d. Each call:
 #   n  rlt-decode with every projection on pointer loads (`notma`: the pre-lease-9 defaults) against the default, C=1
 #      and C=64, back to back: lease 9 timed the two TMA flips separately (+1.2 % and +0.4-0.8 %), not together
 #   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
@@ -55,7 +55,7 @@
 #   sp (any card, ~3 min) benchmarks/spec_profile.py: plain decoding and a d = 2, K = 8 chain (scale SP_SCALE, 0.002:
 #      a ~0.95) at C = 1, timed and under the torch profiler, kernels side by side: why a chain step costs ~1.06x
 #      a plain one (lease 12) — issue 13's d = 2 ratio (1.73-1.77x) is that far from 1.8x; with the greedy heads in
-#      one kernel (rlt.spec.heads, RLT_SPEC_FUSED_HEADS=1: opt-in until this measures it) and without (=0, the default)
+#      one kernel (rlt.spec.heads, RLT_SPEC_FUSED_HEADS=1: the default since lease 14) and without (=0)
 #   fh (any card, ~8 min) the fused heads: their GPU test, then spec_bench at d = 2, K = 8 (a ~0.95 and ~0.98), with
 #      and without them, back to back (FH_SCALES / FH_TARGETS: one scale on a short lease); fs: the test and sp only
 #   at the decode attention's launch shapes and grid order (DecodeTiles: keys per iteration x warps x stages, and
@@ -182,7 +182,7 @@ case $CALL in
         BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R/budget32768 bash scripts/decode_h200.sh
     fi ;;
   sp)  # where an overlapped chain step's time goes against a plain one (C=1, d=2, K=8, a~0.95), torch profiler:
-    # the greedy heads fused (RLT_SPEC_FUSED_HEADS=1, opt-in since 2026-12-07) and not (=0, the default)
+    # the greedy heads fused (RLT_SPEC_FUSED_HEADS=1, the default since lease 14) and not (=0)
     for fused in 1 0; do
       RLT_SPEC_FUSED_HEADS=$fused timeout ${SP_TIMEOUT:-120} python3 -m benchmarks.spec_profile --preset h200 \
         --scales ${SP_SCALE:-0.002} --ks 8 --ds 2 --steps ${SP_STEPS:-64} --out-dir "$R/fused$fused" > "$R/fused$fused.log" 2>&1
