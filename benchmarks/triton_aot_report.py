@@ -36,9 +36,10 @@ OPS = ("HGMMA", "HMMA", "LDGSTS", "LDG.E.128", "LDL", "STL")
 def compile_sass(fn, consts: dict, arch: int = 90, types: dict | None = None, aligned: set | None = None,
                  **opts) -> tuple[list[str], dict, object]:
     """``fn`` compiled for ``arch`` without a GPU: (SASS instructions in order, resource usage — regs, stack,
-    shared, local —, the compiled kernel). Arguments typed by ``types`` (default: the attention kernels'
-    pointers), integers otherwise; those in ``aligned`` (and every pointer) get the JIT's divisibility-by-16
-    hint, as run-time multiples of 16 would; constexprs left out take their defaults, as at a launch."""
+    shared, local —, the compiled kernel; no instructions and no usage where the wheel ships no ``cuobjdump``).
+    Arguments typed by ``types`` (default: the attention kernels' pointers), integers otherwise; those in
+    ``aligned`` (and every pointer) get the JIT's divisibility-by-16 hint, as run-time multiples of 16 would;
+    constexprs left out take their defaults, as at a launch."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -55,6 +56,8 @@ def compile_sass(fn, consts: dict, arch: int = 90, types: dict | None = None, al
     kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                             target=GPUTarget("cuda", arch, 32), options=opts)
     tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    if not tool.exists():  # compiled (the compiler's errors raised above), but no SASS to read
+        return [], {}, kernel
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
