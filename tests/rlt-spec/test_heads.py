@@ -180,3 +180,27 @@ def test_launch_shape_from_the_environment(monkeypatch):
         monkeypatch.setenv("RLT_SPEC_HEADS_TILES", bad)
         with pytest.raises(ValueError, match="RLT_SPEC_HEADS_TILES"):
             heads_tiles()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_the_sweeps_descriptor_through_the_kernel(interpreted, rows):
+    """``benchmarks/spec_heads_sweep.py``'s rows (a lone sample; draft / check pairs) through ``launch`` at an
+    explicit shape, as the sweep calls it: every row's argmax lands where its role puts it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmarks.spec_heads_sweep import descriptor
+    from rlt.spec.heads_kernel import CHECK
+
+    logits = torch.randn(rows, 3000, generator=torch.Generator().manual_seed(rows))
+    desc = descriptor(rows, "cpu")
+    table, dead = torch.full((2 * rows,), -1, dtype=torch.int64), torch.zeros(rows, dtype=torch.bool)
+    out = interpreted.launch(logits, desc, rows, table, dead, (1024, 4))
+    best = logits.argmax(dim=1)
+    roles, entries = desc[1].tolist(), desc[2].tolist()
+    for r in range(rows):
+        if rows == 1 or roles[r] == CHECK:  # a sample or a check: the row's token out, its slot's token in the table
+            assert out[0, r] == best[r] and table[r] == best[r]
+        else:  # a draft: its entry holds the token
+            assert table[entries[r]] == best[r] and out[1, r] == 0
