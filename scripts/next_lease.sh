@@ -206,7 +206,7 @@ case $CALL in
   hs)  # the fused heads' launch shapes (benchmarks/spec_heads_sweep.py), then spec_bench d = 2, K = 8 at a ~0.98 with
     # the sweep's best shape against the default, back to back (skipped when the default wins)
     timeout ${HS_TIMEOUT:-150} python3 -m benchmarks.spec_heads_sweep --out "$R/heads.json" > "$R/heads.log" 2>&1
-    echo "sweep rc $?"; cat "$R/heads.log" | tail -20
+    echo "sweep rc $?"; tail -20 "$R/heads.log"
     BEST=$(python3 -c "import json; d = json.load(open('$R/heads.json')); print(d['best'] if d['best'] != d['default'] else '')")
     [ -n "$BEST" ] && for tiles in "$BEST" ""; do
       RLT_SPEC_HEADS_TILES=$tiles SKIP_TESTS=1 BENCH_TIMEOUT=${FH_TIMEOUT:-170} \

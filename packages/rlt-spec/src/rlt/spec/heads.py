@@ -21,6 +21,7 @@ device, fused heads or not: its (empty) result is known on the host.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -36,7 +37,11 @@ DEFAULT_TILES = (2048, 4)
 
 def heads_tiles() -> tuple[int, int]:
     """The launch shape: ``RLT_SPEC_HEADS_TILES`` (``BLOCKxWARPS``, BLOCK a power of two) or the default."""
-    text = os.environ.get("RLT_SPEC_HEADS_TILES", "")
+    return _parse_tiles(os.environ.get("RLT_SPEC_HEADS_TILES", ""))
+
+
+@functools.lru_cache(maxsize=8)  # read per head step: parsed once per setting
+def _parse_tiles(text: str) -> tuple[int, int]:
     if not text:
         return DEFAULT_TILES
     try:
@@ -51,7 +56,7 @@ def heads_tiles() -> tuple[int, int]:
 def fused_heads_usable(t: torch.Tensor) -> bool:
     """Whether :func:`greedy_heads` runs for a step whose states are ``t``: not turned off
     (``RLT_SPEC_FUSED_HEADS=0``) and Triton there."""
-    return os.environ.get("RLT_SPEC_FUSED_HEADS", "1") == "1" and triton_usable(t)
+    return os.environ.get("RLT_SPEC_FUSED_HEADS", "1") != "0" and triton_usable(t)
 
 
 def greedy_heads(model, last: torch.Tensor, *, sampled: np.ndarray, drafting: np.ndarray, checking: np.ndarray,
