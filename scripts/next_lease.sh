@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 lease calls, CALL=a..i (and at, fh, sp, b2, bc, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
+# H200 lease calls, CALL=a..i (and mk, at, fh, sp, b2, bc, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
 #   OUT=benchmarks/results/h200-<date>-leaseN CALL=g bash scripts/next_lease.sh
 # Lease 9 (benchmarks/results/h200-20261205-lease9) ran g3, a, g2, d2 (lags 2, 1), b2, i's budgets and g4's end-to-end
 # half: TMA tiles above 16 rows and the split-K projections through TMA paid and are on by default; the suite found
@@ -50,7 +50,7 @@
 #      +1.1 % at C=96, +1.6 % at C=115) and `fulldtiles` (the attention tiles before, RLT_DECODE_TILES=decode=64x4x2x0;
 #      C=64 +0.9 % twice on the H100); then C=64 decode, `decode` against `dtiles` (K128_C64=0 leaves it out)
 #      (K128_PART=a, ~300 s); K128_PART=b: `full` and `fullrows` at a 32K-token step budget (lease 9: 2,401 against
-#      2,341 at the harness's 16K). On an H100 (80 GB: 1K prompts fit 73 of the 128 rows)
+#      2,341 at the harness's 16K), then `full` at 64K (K128_BUDGETS="TOKENS:VARIANTS;..." picks others). On an H100 (80 GB: 1K prompts fit 73 of the 128 rows)
 #      K128_WORKLOAD=c=128,in=512,out=128,req=128,budget=40,name=c128-512 compares the same at 115 rows
 #   sp (any card, ~3 min) benchmarks/spec_profile.py: plain decoding and a d = 2, K = 8 chain (scale SP_SCALE, 0.002:
 #      a ~0.95) at C = 1, timed and under the torch profiler, kernels side by side: why a chain step costs ~1.06x
@@ -177,9 +177,12 @@ case $CALL in
         BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R bash scripts/decode_h200.sh
       [ "${K128_C64:-1}" = 1 ] && SKIP_TESTS=1 DTILES="$DT" VARIANTS="decode dtiles" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=100 \
         ONLY_WORKLOADS="--workload c=64,in=1024,out=128,req=64,budget=35,name=c64-1k" OUT=$R bash scripts/decode_h200.sh
-    else
-      SKIP_TESTS=1 FUSED_ROWS=$OLD_ROWS VARIANTS="full fullrows" BENCH_ARGS="--no-sync-steps --max-num-batched-tokens 32768" \
-        BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R/budget32768 bash scripts/decode_h200.sh
+    else  # K128_BUDGETS: "TOKENS:VARIANTS;..." (the default's larger budgets; fullrows at 32K)
+      IFS=';' read -ra RUNS <<< "${K128_BUDGETS:-32768:full fullrows;65536:full}"
+      for run in "${RUNS[@]}"; do
+        SKIP_TESTS=1 FUSED_ROWS=$OLD_ROWS VARIANTS="${run#*:}" BENCH_ARGS="--no-sync-steps --max-num-batched-tokens ${run%%:*}" \
+          BENCH_TIMEOUT=100 ONLY_WORKLOADS="$W" OUT=$R/budget${run%%:*} bash scripts/decode_h200.sh
+      done
     fi ;;
   sp)  # where an overlapped chain step's time goes against a plain one (C=1, d=2, K=8, a~0.95), torch profiler:
     # the greedy heads fused (RLT_SPEC_FUSED_HEADS=1, the default since lease 14) and not (=0)
@@ -203,6 +206,13 @@ case $CALL in
         BENCH_ARGS="--scales ${FH_SCALES:-0.002,0.001} --targets ${FH_TARGETS:-0.95,0.98} --ks 8 --ds 2 --big-c 0" OUT=$R/fused$fused \
         bash scripts/spec_h200.sh | tail -9
     done ;;
+  mk)  # (any card, ~1-2 min) the persistent GEMV-chain probe (benchmarks/megakernel): one Ouro-1.4B loop's weight
+    # stream in one kernel, against the same chain as cuBLAS + elementwise kernels in a graph; then C=1 decode
+    # (MK_DECODE=1) for the same lease's per-loop-step time
+    timeout ${MK_TIMEOUT:-240} python3 -m benchmarks.megakernel.probe --out "$R/megakernel.json" > "$R/megakernel.log" 2>&1
+    echo "probe rc $?"; tail -12 "$R/megakernel.log"
+    [ "${MK_DECODE:-0}" = 1 ] && SKIP_TESTS=1 VARIANTS=decode BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=90 \
+      ONLY_WORKLOADS="--workload c=1,in=1024,out=128,req=1,budget=25,name=c1-1k" OUT=$R bash scripts/decode_h200.sh ;;
   hs)  # the fused heads' launch shapes (benchmarks/spec_heads_sweep.py), then spec_bench d = 2, K = 8 at a ~0.98 with
     # the sweep's best shape against the default, back to back (skipped when the default wins)
     timeout ${HS_TIMEOUT:-150} python3 -m benchmarks.spec_heads_sweep --out "$R/heads.json" > "$R/heads.log" 2>&1

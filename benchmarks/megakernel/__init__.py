@@ -1,0 +1,1 @@
+"""Probes of a persistent decode kernel (issue 10): see probe.py."""

@@ -1,0 +1,352 @@
+"""Probe: how fast can ONE persistent kernel stream a decode loop's weights at C=1?
+
+Issue 10's C=1 target (300 tok/s on the H200: ~0.80 ms per loop step) is out of reach of the
+eight-kernels-a-layer design (1.31 ms per loop step, `docs/decode.md`): each kernel streams at
+~4 TB/s but pays a few microseconds at every boundary, and what Triton can express inside one kernel
+(ticket folds, L2 prefetch before the PDL wait) measured slower. `gemv_chain.cu` is the other
+architecture, reduced to its weight stream: the 24 layers x 4 GEMVs of one Ouro-1.4B loop at one
+row (q/k/v, o_proj + residual, gate/up + SiLU*mul, down_proj + residual; no attention, norms or
+RoPE) in one persistent launch — a producer lane per SM streams pre-packed 16 KB weight stages with
+bulk copies into a shared-memory ring and runs ahead across the grid barriers between phases, so
+the memory stream never stops while the consumers wait. This measures that stream against
+
+- the same chain as cuBLAS GEMVs + elementwise kernels in one CUDA graph (the kernel-per-op design),
+- the device's read rate (a large reduction over the packed weights),
+- the ablation ``NO_RUNAHEAD`` (the producer waits for each phase's barrier: what the run-ahead buys).
+
+It checks the kernel's output against an fp32 torch reference of the same chain (relative error).
+
+    python -m benchmarks.megakernel.probe --out "$OUT/megakernel.json"
+
+The kernel is compiled at run time with NVRTC (the ``libnvrtc`` PyTorch's CUDA wheels ship, or
+``--nvrtc PATH``) or ``nvcc`` when NVRTC is not found, for ``sm_90a``, and launched through the CUDA
+driver API (ctypes) on PyTorch's current stream. Timings: per variant, the median of three medians of
+``--reps`` launches after a warm-up (CUDA events).
+
+``emulate`` runs the kernel's tile / stage bookkeeping in torch on CPU (tests/rlt-decode/
+test_megakernel_probe.py checks it against the reference at small shapes), so a device call spends
+its time on the parts only a GPU can check: the bulk copies, the mbarriers and the grid barrier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("gemv_chain.cu")
+ROWS, CK = 16, 512  # a stage: ROWS weight rows x CK columns (bf16): 16 KB
+STAGE_ELEMS = ROWS * CK
+MAX_K = 6144
+CONSUMERS = 128
+THREADS = 32 + CONSUMERS
+
+
+# -- the packed layout (must match gemv_chain.cu) ----------------------------------------------
+def phases(hidden: int, inter: int) -> list[dict]:
+    """The four phases of a layer: input width ``k``, tiles, chunks per tile, first stage and first
+    tile (in the layer's numbering)."""
+    t0, t1, t2 = 3 * hidden // ROWS, hidden // ROWS, 2 * inter // ROWS
+    c = hidden // CK
+    return [
+        dict(k=hidden, tiles=t0, chunks=c, stage0=0, tile0=0),
+        dict(k=hidden, tiles=t1, chunks=c, stage0=t0 * c, tile0=t0),
+        dict(k=hidden, tiles=t2, chunks=c, stage0=(t0 + t1) * c, tile0=t0 + t1),
+        dict(k=inter, tiles=t1, chunks=inter // CK, stage0=(t0 + t1 + t2) * c, tile0=t0 + t1 + t2),
+    ]
+
+
+def layer_stages(hidden: int, inter: int) -> int:
+    last = phases(hidden, inter)[3]
+    return last["stage0"] + last["tiles"] * last["chunks"]
+
+
+def check_shape(hidden: int, inter: int) -> None:
+    if hidden % CK or inter % CK or hidden % ROWS or inter % (ROWS // 2) or inter > MAX_K or hidden > MAX_K:
+        raise ValueError(f"hidden {hidden} and intermediate {inter} must be multiples of {CK} and at most {MAX_K}")
+
+
+def pack_matrix(w: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> stages [N/ROWS tiles][K/CK chunks][ROWS][CK], flat."""
+    n, k = w.shape
+    return w.reshape(n // ROWS, ROWS, k // CK, CK).permute(0, 2, 1, 3).reshape(-1)
+
+
+def pack_layer(wqkv, wo, wg, wu, wd) -> torch.Tensor:
+    """One layer's weights in the kernel's order; gate/up tiles: 8 gate rows, then the same 8 up rows."""
+    inter, k = wg.shape
+    half = ROWS // 2
+    gu = torch.cat([wg.reshape(inter // half, half, k), wu.reshape(inter // half, half, k)], 1).reshape(2 * inter, k)
+    return torch.cat([pack_matrix(wqkv), pack_matrix(wo), pack_matrix(gu), pack_matrix(wd)])
+
+
+def reference(x: torch.Tensor, layers: list[tuple]) -> torch.Tensor:
+    """The chain in fp32 (weights as stored, bf16, widened)."""
+    hidden = x.shape[0]
+    x = x.float()
+    for wqkv, wo, wg, wu, wd in layers:
+        qkv = wqkv.float() @ x
+        x1 = wo.float() @ qkv[:hidden] + x
+        g, u = wg.float() @ x1, wu.float() @ x1
+        x = wd.float() @ (torch.nn.functional.silu(g) * u) + x1
+    return x
+
+
+def first_tile(tile0: int, cta: int, ctas: int) -> int:
+    return (cta - tile0) % ctas
+
+
+def emulate(packed: torch.Tensor, x: torch.Tensor, hidden: int, inter: int, num_layers: int, ctas: int) -> torch.Tensor:
+    """The kernel's bookkeeping in torch (fp32): per CTA, its tiles of each phase read from the packed
+    stages exactly where the producer would fetch them, with the consumers' epilogues. Every output
+    row must be written exactly once per phase (asserted)."""
+    per_layer = layer_stages(hidden, inter)
+    w = packed.float().reshape(-1, ROWS, CK)  # [stages, ROWS, CK]
+    x = x.float().clone()
+    qkv, x1, act = torch.zeros(3 * hidden), torch.zeros(hidden), torch.zeros(inter)
+    for layer in range(num_layers):
+        for p, ph in enumerate(phases(hidden, inter)):
+            vin = (x, qkv, x1, act)[p][: ph["k"]].clone()
+            written = torch.zeros(ph["tiles"], dtype=torch.int64)
+            for cta in range(ctas):
+                for t in range(first_tile(ph["tile0"], cta, ctas), ph["tiles"], ctas):
+                    first = layer * per_layer + ph["stage0"] + t * ph["chunks"]
+                    stages = w[first: first + ph["chunks"]]  # [chunks, ROWS, CK]
+                    v = torch.einsum("crk,ck->r", stages, vin.reshape(ph["chunks"], CK))
+                    rows = t * ROWS + torch.arange(ROWS)
+                    if p == 0:
+                        qkv[rows] = v
+                    elif p == 1:
+                        x1[rows] = v + x[rows]
+                    elif p == 3:
+                        x[rows] = v + x1[rows]
+                    else:
+                        g, u = v[: ROWS // 2], v[ROWS // 2:]
+                        act[t * (ROWS // 2) + torch.arange(ROWS // 2)] = torch.nn.functional.silu(g) * u
+                    written[t] += 1
+            assert bool((written == 1).all()), f"phase {p}: tiles written {written.tolist()}"
+    return x
+
+
+def shared_bytes(stages: int) -> int:
+    return stages * STAGE_ELEMS * 2 + MAX_K * 4 + ROWS * 4 + stages * 16 + 8
+
+
+# -- compile and launch ---------------------------------------------------------------------------
+def _find_nvrtc(explicit: str = "") -> str | None:
+    if explicit:
+        return explicit
+    roots = [Path(p) for p in sys.path if p and Path(p).is_dir()]
+    for root in roots:
+        for pat in ("nvidia/*/lib/libnvrtc.so*", "nvidia/cuda_nvrtc/lib/libnvrtc.so*", "torch/lib/libnvrtc*.so*"):
+            hits = sorted(h for h in glob.glob(str(root / pat)) if "builtins" not in h and ".alt." not in h)
+            if hits:
+                return hits[0]
+    for d in ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"):
+        hits = sorted(h for h in glob.glob(f"{d}/libnvrtc.so*") if "builtins" not in h and ".alt." not in h)
+        if hits:
+            return hits[0]
+    return None
+
+
+def compile_nvrtc(lib: str, defines: dict[str, int], arch: str = "sm_90a") -> bytes:
+    nvrtc = ctypes.CDLL(lib)
+    prog = ctypes.c_void_p()
+    src = SOURCE.read_bytes()
+    def ok(rc, what):
+        if rc:
+            nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
+            raise RuntimeError(f"{what}: {nvrtc.nvrtcGetErrorString(rc).decode()}")
+    ok(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src, b"gemv_chain.cu", 0, None, None), "nvrtcCreateProgram")
+    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17"] + [f"-D{k}={v}".encode() for k, v in defines.items()]
+    arr = (ctypes.c_char_p * len(opts))(*opts)
+    rc = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    if rc:
+        raise RuntimeError(f"nvrtc compile failed:\n{log.value.decode(errors='replace')}")
+    nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+    cubin = ctypes.create_string_buffer(size.value)
+    ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+    return cubin.raw
+
+
+def compile_nvcc(nvcc: str, defines: dict[str, int], arch: str = "sm_90a") -> bytes:
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "k.cubin"
+        cmd = [nvcc, "-cubin", f"-gencode=arch={arch.replace('sm', 'compute')},code={arch}", "-O3", "-std=c++17",
+               "-Xptxas", "-v", *(f"-D{k}={v}" for k, v in defines.items()), "-o", str(out), str(SOURCE)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"nvcc failed:\n{r.stderr}")
+        print(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "", file=sys.stderr)
+        return out.read_bytes()
+
+
+def build(defines: dict[str, int], nvrtc: str = "") -> bytes:
+    """The cubin: NVRTC where a libnvrtc is found, else (or when it fails) nvcc."""
+    errors = []
+    lib = _find_nvrtc(nvrtc)
+    if lib:
+        try:
+            return compile_nvrtc(lib, defines)
+        except (OSError, RuntimeError) as exc:
+            errors.append(f"{lib}: {exc}")
+    nvcc = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
+    if nvcc:
+        try:
+            return compile_nvcc(nvcc, defines)
+        except RuntimeError as exc:
+            errors.append(f"{nvcc}: {exc}")
+    raise RuntimeError("; ".join(errors) or "neither libnvrtc nor nvcc found (--nvrtc PATH)")
+
+
+class Kernel:
+    """The cubin's ``gemv_chain``, launched with the CUDA driver API on PyTorch's current stream."""
+
+    def __init__(self, cubin: bytes, smem: int) -> None:
+        self.cu = ctypes.CDLL("libcuda.so.1")
+        self.smem = smem
+        self.mod, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
+        self._ok(self.cu.cuModuleLoadData(ctypes.byref(self.mod), cubin), "cuModuleLoadData")
+        self._ok(self.cu.cuModuleGetFunction(ctypes.byref(self.fn), self.mod, b"gemv_chain"), "cuModuleGetFunction")
+        self._ok(self.cu.cuFuncSetAttribute(self.fn, 8, smem), "cuFuncSetAttribute(max dynamic shared)")  # 8: MAX_DYNAMIC_SHARED_SIZE_BYTES
+        regs = ctypes.c_int()
+        self.cu.cuFuncGetAttribute(ctypes.byref(regs), 4, self.fn)  # 4: NUM_REGS
+        self.regs = regs.value
+
+    def _ok(self, rc: int, what: str) -> None:
+        if rc:
+            name = ctypes.c_char_p()
+            self.cu.cuGetErrorString(rc, ctypes.byref(name))
+            raise RuntimeError(f"{what}: CUDA error {rc} {name.value.decode() if name.value else ''}")
+
+    def __call__(self, ctas: int, packed, x, qkv, x1, act, counter, hidden: int, inter: int, layers: int) -> None:
+        args = [ctypes.c_void_p(t.data_ptr()) for t in (packed, x, qkv, x1, act, counter)]
+        args += [ctypes.c_int(hidden), ctypes.c_int(inter), ctypes.c_int(layers)]
+        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        self._ok(self.cu.cuLaunchKernel(self.fn, ctas, 1, 1, THREADS, 1, 1, self.smem, stream, params, None),
+                 "cuLaunchKernel")
+
+
+def med3(fn, reps: int) -> list[float]:
+    """Three medians (ms) of ``reps`` timed calls each, after one discarded warm-up call."""
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(3):
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        out.append(statistics.median(times))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, default=2048)  # Ouro-1.4B
+    p.add_argument("--inter", type=int, default=5632)
+    p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--stages", default="12,8", help="ring depths to time (16 KB stages)")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--nvrtc", default="")
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    check_shape(a.hidden, a.inter)
+    H, I, L = a.hidden, a.inter, a.layers
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    layers, packed = [], []
+    for _ in range(L):
+        ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k ** -0.5
+              for n, k in ((3 * H, H), (H, H), (I, H), (I, H), (H, I))]
+        layers.append(ws)
+        packed.append(pack_layer(*ws))
+    packed = torch.cat(packed).view(torch.int16)
+    weight_bytes = packed.numel() * 2
+    x0 = torch.randn(H, device=dev)
+    ref = reference(x0, layers)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    result = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "sms": sms,
+              "hidden": H, "inter": I, "layers": L, "weight_bytes": weight_bytes, "variants": {}}
+
+    # the device's read rate over the same bytes (a reduction: ~no writes)
+    flat = packed.view(torch.float16)
+    rd = med3(lambda: flat.sum(dtype=torch.float32), a.reps)
+    result["read_tbps"] = weight_bytes / statistics.median(rd) / 1e9
+    print(f"read rate (sum over the packed weights): {result['read_tbps']:.2f} TB/s", flush=True)
+
+    # the kernel-per-op chain in one CUDA graph (cuBLAS GEMVs at one row + elementwise kernels)
+    xb = x0.to(torch.bfloat16)[None]
+    static = xb.clone()
+    def chain():
+        x = static
+        for wqkv, wo, wg, wu, wd in layers:
+            qkv = torch.nn.functional.linear(x, wqkv)
+            x1 = torch.nn.functional.linear(qkv[:, :H], wo) + x
+            g, u = torch.nn.functional.linear(x1, wg), torch.nn.functional.linear(x1, wu)
+            x = torch.nn.functional.linear(torch.nn.functional.silu(g) * u, wd) + x1
+        return x
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        chain()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_graph = chain()
+    ms = med3(graph.replay, a.reps)
+    err = ((out_graph[0].float() - ref).abs().max() / ref.abs().max()).item()
+    result["variants"]["cublas_graph"] = {"ms": ms, "tbps": weight_bytes / statistics.median(ms) / 1e9, "rel_err": err,
+                                          "kernels": 7 * L}
+    print(f"cuBLAS + elementwise, one graph: {statistics.median(ms):.3f} ms "
+          f"({result['variants']['cublas_graph']['tbps']:.2f} TB/s), rel err {err:.2e}", flush=True)
+
+    bufs = dict(x=torch.empty(H, device=dev), qkv=torch.empty(3 * H, device=dev), x1=torch.empty(H, device=dev),
+                act=torch.empty(I, device=dev), counter=torch.zeros(1, dtype=torch.int32, device=dev))
+    variants = [(f"persistent_s{n}", {"NSTAGES": int(n)}) for n in a.stages.split(",")]
+    variants.append((f"no_runahead_s{variants[0][1]['NSTAGES']}", {**variants[0][1], "NO_RUNAHEAD": 1}))
+    for name, defines in variants:
+        try:
+            kern = Kernel(build(defines, a.nvrtc), shared_bytes(defines["NSTAGES"]))
+        except RuntimeError as exc:
+            result["variants"][name] = {"error": str(exc)[-2000:]}
+            print(f"{name}: {exc}", flush=True)
+            continue
+        def run():
+            bufs["counter"].zero_()
+            bufs["x"].copy_(x0)
+            kern(sms, packed, bufs["x"], bufs["qkv"], bufs["x1"], bufs["act"], bufs["counter"], H, I, L)
+        run()
+        torch.cuda.synchronize()
+        err = ((bufs["x"] - ref).abs().max() / ref.abs().max()).item()
+        ms = med3(run, a.reps)
+        tb = weight_bytes / statistics.median(ms) / 1e9
+        result["variants"][name] = {"ms": ms, "tbps": tb, "rel_err": err, "regs": kern.regs,
+                                    "shared_bytes": kern.smem, "ctas": sms}
+        print(f"{name}: {statistics.median(ms):.3f} ms ({tb:.2f} TB/s), rel err {err:.2e}, {kern.regs} regs", flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
