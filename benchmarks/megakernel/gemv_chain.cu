@@ -2,8 +2,10 @@
 // (per layer: q/k/v 3H x H, o_proj H x H + residual, gate/up 2I x H + SiLU*mul, down_proj H x I +
 // residual) in ONE kernel launch, to measure what a persistent decode kernel could reach at C=1
 // (issue 10; docs/decode.md: the eight-kernels-a-layer design streams each kernel's weights at
-// ~4 TB/s but pays a few microseconds per kernel boundary). Attention, the norms and RoPE are left
-// out: they move ~8 MB a layer against the weights' ~103 MB.
+// ~4 TB/s but pays a few microseconds per kernel boundary). Attention is stood in for by its bytes: a
+// phase after q/k/v streams KV_TILES 16 KB stages (a layer's KV at 1K context: 8 MiB = 512 stages) and
+// multiplies them like weights, followed by a grid barrier as a split attention's merge would be;
+// the softmax, norms and RoPE are left out (their arithmetic is small at one row).
 //
 // Design (the one docs/decode.md names as what the Triton designs could not express):
 // - one CTA per SM; warp 0's lane 0 is the *producer*: it streams the CTA's weight tiles, in the
@@ -39,9 +41,9 @@ typedef unsigned long long uint64_t;
 #define MAX_K 6144  // the widest input vector (Ouro-1.4B: I = 5632)
 
 struct Shape {
-  int hidden;        // H
-  int inter;         // I
-  int layers;
+  int hidden;    // H
+  int inter;     // I
+  int kv_tiles;  // the attention stand-in's stages per layer
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -81,29 +83,37 @@ __device__ __forceinline__ void consumers_sync() {
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-// phase p of a layer: rows, columns (K), tiles, chunks per tile, and where its tiles start in the
-// layer's packed block (in stages) and in the layer's tile numbering
+// The phases of a layer, in order: q/k/v (3H x H), the attention stand-in (KV_TILES stages of CK
+// columns: the bytes a layer's attention reads, streamed and multiplied like weights; 0: no phase),
+// o_proj (H x H), gate/up (2I x H), down_proj (H x I). Per phase: input width, tiles, chunks per
+// tile, first stage and first tile in the layer's numbering.
+#define PHASES 5
+enum { QKV = 0, KV = 1, O_PROJ = 2, GATE_UP = 3, DOWN = 4 };
 struct Phase {
   int k, tiles, chunks;
   long long stage0;
   int tile0;
 };
 
-__device__ __forceinline__ Phase phase_of(const Shape& s, int p) {
+__device__ __forceinline__ void phase_table(const Shape& s, Phase* ph) {
   const int H = s.hidden, I = s.inter;
-  const int t0 = 3 * H / ROWS, t1 = H / ROWS, t2 = 2 * I / ROWS;
-  const int c = H / CK;
-  Phase ph;
-  if (p == 0) { ph.k = H; ph.tiles = t0; ph.chunks = c; ph.stage0 = 0; ph.tile0 = 0; }
-  else if (p == 1) { ph.k = H; ph.tiles = t1; ph.chunks = c; ph.stage0 = (long long)t0 * c; ph.tile0 = t0; }
-  else if (p == 2) { ph.k = H; ph.tiles = t2; ph.chunks = c; ph.stage0 = (long long)(t0 + t1) * c; ph.tile0 = t0 + t1; }
-  else { ph.k = I; ph.tiles = t1; ph.chunks = I / CK; ph.stage0 = (long long)(t0 + t1 + t2) * c; ph.tile0 = t0 + t1 + t2; }
-  return ph;
+  const int k[PHASES] = {H, CK, H, H, I};
+  const int tiles[PHASES] = {3 * H / ROWS, s.kv_tiles, H / ROWS, 2 * I / ROWS, H / ROWS};
+  long long stage = 0;
+  int tile = 0;
+  for (int p = 0; p < PHASES; ++p) {
+    ph[p].k = k[p];
+    ph[p].tiles = tiles[p];
+    ph[p].chunks = k[p] / CK;
+    ph[p].stage0 = stage;
+    ph[p].tile0 = tile;
+    stage += (long long)tiles[p] * ph[p].chunks;
+    tile += tiles[p];
+  }
 }
 
-__device__ __forceinline__ long long layer_stages(const Shape& s) {
-  const int H = s.hidden, I = s.inter;
-  return (long long)(3 * H / ROWS + H / ROWS + 2 * I / ROWS) * (H / CK) + (long long)(H / ROWS) * (I / CK);
+__device__ __forceinline__ long long layer_stages(const Phase* ph) {
+  return ph[PHASES - 1].stage0 + (long long)ph[PHASES - 1].tiles * ph[PHASES - 1].chunks;
 }
 
 // the first tile of phase ph this CTA owns (tiles numbered across the layer, dealt round-robin)
@@ -134,8 +144,9 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
            float* qkv,                       // [3H]
            float* x1,                        // [H] after o_proj + residual
            float* act,                       // [I] SiLU(gate) * up
+           float* att,                       // [kv_tiles * ROWS] the attention stand-in's sums (unused)
            unsigned int* counter,            // zero at launch
-           int hidden, int inter, int layers) {
+           int hidden, int inter, int kv_tiles, int layers) {
   extern __shared__ __align__(128) unsigned char smem[];
   uint16_t* ring = reinterpret_cast<uint16_t*>(smem);
   float* xin = reinterpret_cast<float*>(smem + NSTAGES * STAGE_BYTES);
@@ -144,7 +155,9 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
   uint64_t* empty = full + NSTAGES;
   volatile int* phase_go = reinterpret_cast<volatile int*>(empty + NSTAGES);  // NO_RUNAHEAD only
 
-  const Shape s{hidden, inter, layers};
+  const Shape s{hidden, inter, kv_tiles};
+  Phase phase[PHASES];
+  phase_table(s, phase);
   const int cta = blockIdx.x, ctas = gridDim.x;
   if (threadIdx.x == 0) {
     for (int i = 0; i < NSTAGES; ++i) {
@@ -155,17 +168,18 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
     *phase_go = 0;
   }
   __syncthreads();
-  const long long per_layer = layer_stages(s);
+  const long long per_layer = layer_stages(phase);
 
   if (threadIdx.x < 32) {  // the producer: lane 0 streams every stage this CTA will consume, in order
     if (threadIdx.x != 0) return;
     unsigned int n = 0;
     for (int layer = 0; layer < layers; ++layer) {
       const uint16_t* lw = w + (long long)layer * per_layer * STAGE_ELEMS;
-      for (int p = 0; p < 4; ++p) {
-        const Phase ph = phase_of(s, p);
-#ifdef NO_RUNAHEAD  // the ablation: no weight of a phase is requested before its grid barrier has passed
-        while (*phase_go < layer * 4 + p) {
+      for (int p = 0; p < PHASES; ++p) {
+        const Phase ph = phase[p];
+        if (ph.tiles == 0) continue;
+#ifdef NO_RUNAHEAD  // the ablation: no weight of a phase is requested before the barrier that opens it
+        while (*phase_go < layer * PHASES + p) {
         }
 #endif
         for (int t = first_tile(ph, cta, ctas); t < ph.tiles; t += ctas) {
@@ -186,9 +200,13 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
   const int tid = threadIdx.x - 32, warp = tid / 32, lane = tid % 32;
   unsigned int n = 0, barriers = 0;
   for (int layer = 0; layer < layers; ++layer) {
-    for (int p = 0; p < 4; ++p) {
-      const Phase ph = phase_of(s, p);
-      const float* in = p == 0 ? x : p == 1 ? qkv : p == 2 ? x1 : act;
+    for (int p = 0; p < PHASES; ++p) {
+      const Phase ph = phase[p];
+      if (ph.tiles == 0) {  // no phase, no barrier
+        if (tid == 0) *phase_go = layer * PHASES + p + 1;
+        continue;
+      }
+      const float* in = p == QKV ? x : p == KV || p == O_PROJ ? qkv : p == GATE_UP ? x1 : act;
       for (int i = tid; i < ph.k; i += CONSUMERS) xin[i] = __ldcg(in + i);
       consumers_sync();
       for (int t = first_tile(ph, cta, ctas); t < ph.tiles; t += ctas) {
@@ -233,9 +251,10 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
         if (tid < ROWS) {  // the phase's epilogue, one output row per thread
           const int row = t * ROWS + tid;
           const float v = rowsum[tid];
-          if (p == 0) qkv[row] = v;
-          else if (p == 1) x1[row] = v + x[row];
-          else if (p == 3) x[row] = v + x1[row];
+          if (p == QKV) qkv[row] = v;
+          else if (p == KV) att[row] = v;
+          else if (p == O_PROJ) x1[row] = v + x[row];
+          else if (p == DOWN) x[row] = v + x1[row];
           else if (tid < ROWS / 2) {  // gate rows 0..7, up rows 8..15 of the tile
             const float g = v, u = rowsum[tid + ROWS / 2];
             act[t * (ROWS / 2) + tid] = g / (1.f + __expf(-g)) * u;
@@ -244,7 +263,7 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
         consumers_sync();
       }
       grid_sync(counter, ++barriers * (unsigned int)ctas);
-      if (tid == 0) *phase_go = (int)barriers;
+      if (tid == 0) *phase_go = layer * PHASES + p + 1;
     }
   }
 }

@@ -12,7 +12,9 @@ the memory stream never stops while the consumers wait. This measures that strea
 
 - the same chain as cuBLAS GEMVs + elementwise kernels in one CUDA graph (the kernel-per-op design),
 - the device's read rate (a large reduction over the packed weights),
-- the ablation ``NO_RUNAHEAD`` (the producer waits for each phase's barrier: what the run-ahead buys).
+- the ablation ``NO_RUNAHEAD`` (the producer waits for each phase's barrier: what the run-ahead buys),
+- and with the attention stand-in (``--kv-tiles``: a layer's KV bytes at 1K context streamed like weights
+  after q/k/v, plus a barrier): the probe's estimate of a whole persistent loop step at C=1.
 
 It checks the kernel's output against an fp32 torch reference of the same chain (relative error).
 
@@ -21,7 +23,8 @@ It checks the kernel's output against an fp32 torch reference of the same chain 
 The kernel is compiled at run time with NVRTC (the ``libnvrtc`` PyTorch's CUDA wheels ship, or
 ``--nvrtc PATH``) or ``nvcc`` when NVRTC is not found, for ``sm_90a``, and launched through the CUDA
 driver API (ctypes) on PyTorch's current stream. Timings: per variant, the median of three medians of
-``--reps`` launches after a warm-up (CUDA events).
+``--reps`` launches after a warm-up (CUDA events; each launch also zeroes the barrier counter and copies
+the input vector: two tiny kernels inside the timed span).
 
 ``emulate`` runs the kernel's tile / stage bookkeeping in torch on CPU (tests/rlt-decode/
 test_megakernel_probe.py checks it against the reference at small shapes), so a device call spends
@@ -53,21 +56,25 @@ THREADS = 32 + CONSUMERS
 
 
 # -- the packed layout (must match gemv_chain.cu) ----------------------------------------------
-def phases(hidden: int, inter: int) -> list[dict]:
-    """The four phases of a layer: input width ``k``, tiles, chunks per tile, first stage and first
-    tile (in the layer's numbering)."""
-    t0, t1, t2 = 3 * hidden // ROWS, hidden // ROWS, 2 * inter // ROWS
-    c = hidden // CK
-    return [
-        dict(k=hidden, tiles=t0, chunks=c, stage0=0, tile0=0),
-        dict(k=hidden, tiles=t1, chunks=c, stage0=t0 * c, tile0=t0),
-        dict(k=hidden, tiles=t2, chunks=c, stage0=(t0 + t1) * c, tile0=t0 + t1),
-        dict(k=inter, tiles=t1, chunks=inter // CK, stage0=(t0 + t1 + t2) * c, tile0=t0 + t1 + t2),
-    ]
+QKV, KV, O_PROJ, GATE_UP, DOWN = range(5)
+#: a layer's KV bytes at 1K context (Ouro-1.4B: 1,024 tokens x K and V x 2,048 x bf16 = 8 MiB) in 16 KB stages
+KV_TILES_1K = 1024 * 2 * 2048 * 2 // (STAGE_ELEMS * 2)
 
 
-def layer_stages(hidden: int, inter: int) -> int:
-    last = phases(hidden, inter)[3]
+def phases(hidden: int, inter: int, kv_tiles: int = 0) -> list[dict]:
+    """The five phases of a layer (q/k/v, the attention stand-in, o_proj, gate/up, down_proj): input
+    width ``k``, tiles, chunks per tile, first stage and first tile (in the layer's numbering)."""
+    out, stage, tile = [], 0, 0
+    for k, tiles in ((hidden, 3 * hidden // ROWS), (CK, kv_tiles), (hidden, hidden // ROWS),
+                     (hidden, 2 * inter // ROWS), (inter, hidden // ROWS)):
+        out.append(dict(k=k, tiles=tiles, chunks=k // CK, stage0=stage, tile0=tile))
+        stage += tiles * (k // CK)
+        tile += tiles
+    return out
+
+
+def layer_stages(hidden: int, inter: int, kv_tiles: int = 0) -> int:
+    last = phases(hidden, inter, kv_tiles)[-1]
     return last["stage0"] + last["tiles"] * last["chunks"]
 
 
@@ -82,12 +89,15 @@ def pack_matrix(w: torch.Tensor) -> torch.Tensor:
     return w.reshape(n // ROWS, ROWS, k // CK, CK).permute(0, 2, 1, 3).reshape(-1)
 
 
-def pack_layer(wqkv, wo, wg, wu, wd) -> torch.Tensor:
-    """One layer's weights in the kernel's order; gate/up tiles: 8 gate rows, then the same 8 up rows."""
+def pack_layer(wqkv, wo, wg, wu, wd, kv: torch.Tensor | None = None) -> torch.Tensor:
+    """One layer's weights in the kernel's order; gate/up tiles: 8 gate rows, then the same 8 up rows;
+    ``kv``: the attention stand-in's bytes, ``[kv_tiles * ROWS, CK]``."""
     inter, k = wg.shape
     half = ROWS // 2
     gu = torch.cat([wg.reshape(inter // half, half, k), wu.reshape(inter // half, half, k)], 1).reshape(2 * inter, k)
-    return torch.cat([pack_matrix(wqkv), pack_matrix(wo), pack_matrix(gu), pack_matrix(wd)])
+    parts = [pack_matrix(wqkv)] + ([pack_matrix(kv)] if kv is not None else []) + [pack_matrix(wo), pack_matrix(gu),
+                                                                                   pack_matrix(wd)]
+    return torch.cat(parts)
 
 
 def reference(x: torch.Tensor, layers: list[tuple]) -> torch.Tensor:
@@ -106,17 +116,19 @@ def first_tile(tile0: int, cta: int, ctas: int) -> int:
     return (cta - tile0) % ctas
 
 
-def emulate(packed: torch.Tensor, x: torch.Tensor, hidden: int, inter: int, num_layers: int, ctas: int) -> torch.Tensor:
+def emulate(packed: torch.Tensor, x: torch.Tensor, hidden: int, inter: int, num_layers: int, ctas: int,
+            kv_tiles: int = 0) -> torch.Tensor:
     """The kernel's bookkeeping in torch (fp32): per CTA, its tiles of each phase read from the packed
     stages exactly where the producer would fetch them, with the consumers' epilogues. Every output
     row must be written exactly once per phase (asserted)."""
-    per_layer = layer_stages(hidden, inter)
+    table = phases(hidden, inter, kv_tiles)
+    per_layer = layer_stages(hidden, inter, kv_tiles)
     w = packed.float().reshape(-1, ROWS, CK)  # [stages, ROWS, CK]
     x = x.float().clone()
-    qkv, x1, act = torch.zeros(3 * hidden), torch.zeros(hidden), torch.zeros(inter)
+    qkv, x1, act, att = torch.zeros(3 * hidden), torch.zeros(hidden), torch.zeros(inter), torch.zeros(kv_tiles * ROWS)
     for layer in range(num_layers):
-        for p, ph in enumerate(phases(hidden, inter)):
-            vin = (x, qkv, x1, act)[p][: ph["k"]].clone()
+        for p, ph in enumerate(table):
+            vin = (x, qkv, qkv, x1, act)[p][: ph["k"]].clone()
             written = torch.zeros(ph["tiles"], dtype=torch.int64)
             for cta in range(ctas):
                 for t in range(first_tile(ph["tile0"], cta, ctas), ph["tiles"], ctas):
@@ -124,11 +136,13 @@ def emulate(packed: torch.Tensor, x: torch.Tensor, hidden: int, inter: int, num_
                     stages = w[first: first + ph["chunks"]]  # [chunks, ROWS, CK]
                     v = torch.einsum("crk,ck->r", stages, vin.reshape(ph["chunks"], CK))
                     rows = t * ROWS + torch.arange(ROWS)
-                    if p == 0:
+                    if p == QKV:
                         qkv[rows] = v
-                    elif p == 1:
+                    elif p == KV:
+                        att[rows] = v
+                    elif p == O_PROJ:
                         x1[rows] = v + x[rows]
-                    elif p == 3:
+                    elif p == DOWN:
                         x[rows] = v + x1[rows]
                     else:
                         g, u = v[: ROWS // 2], v[ROWS // 2:]
@@ -233,9 +247,10 @@ class Kernel:
             self.cu.cuGetErrorString(rc, ctypes.byref(name))
             raise RuntimeError(f"{what}: CUDA error {rc} {name.value.decode() if name.value else ''}")
 
-    def __call__(self, ctas: int, packed, x, qkv, x1, act, counter, hidden: int, inter: int, layers: int) -> None:
-        args = [ctypes.c_void_p(t.data_ptr()) for t in (packed, x, qkv, x1, act, counter)]
-        args += [ctypes.c_int(hidden), ctypes.c_int(inter), ctypes.c_int(layers)]
+    def __call__(self, ctas: int, packed, x, qkv, x1, act, att, counter, hidden: int, inter: int, kv_tiles: int,
+                 layers: int) -> None:
+        args = [ctypes.c_void_p(t.data_ptr()) for t in (packed, x, qkv, x1, act, att, counter)]
+        args += [ctypes.c_int(hidden), ctypes.c_int(inter), ctypes.c_int(kv_tiles), ctypes.c_int(layers)]
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         self._ok(self.cu.cuLaunchKernel(self.fn, ctas, 1, 1, THREADS, 1, 1, self.smem, stream, params, None),
@@ -266,6 +281,8 @@ def main() -> None:
     p.add_argument("--inter", type=int, default=5632)
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--stages", default="12,8", help="ring depths to time (16 KB stages)")
+    p.add_argument("--kv-tiles", type=int, default=KV_TILES_1K,
+                   help="the attention stand-in's 16 KB stages per layer (default: 1K context's KV; 0: none)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--nvrtc", default="")
     p.add_argument("--out", default="")
@@ -274,19 +291,23 @@ def main() -> None:
     H, I, L = a.hidden, a.inter, a.layers
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    layers, packed = [], []
+    layers, packed, packed_kv = [], [], []
     for _ in range(L):
         ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * k ** -0.5
               for n, k in ((3 * H, H), (H, H), (I, H), (I, H), (H, I))]
         layers.append(ws)
         packed.append(pack_layer(*ws))
+        kv = torch.randn(a.kv_tiles * ROWS, CK, device=dev, dtype=torch.bfloat16) * CK ** -0.5
+        packed_kv.append(pack_layer(*ws, kv=kv))
     packed = torch.cat(packed).view(torch.int16)
+    packed_kv = torch.cat(packed_kv).view(torch.int16)
     weight_bytes = packed.numel() * 2
     x0 = torch.randn(H, device=dev)
     ref = reference(x0, layers)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    result = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "sms": sms,
-              "hidden": H, "inter": I, "layers": L, "weight_bytes": weight_bytes, "variants": {}}
+    result = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "sms": sms, "hidden": H,
+              "inter": I, "layers": L, "weight_bytes": weight_bytes, "kv_tiles": a.kv_tiles,
+              "kv_bytes": packed_kv.numel() * 2 - weight_bytes, "variants": {}}
 
     # the device's read rate over the same bytes (a reduction: ~no writes)
     flat = packed.view(torch.float16)
@@ -295,8 +316,7 @@ def main() -> None:
     print(f"read rate (sum over the packed weights): {result['read_tbps']:.2f} TB/s", flush=True)
 
     # the kernel-per-op chain in one CUDA graph (cuBLAS GEMVs at one row + elementwise kernels)
-    xb = x0.to(torch.bfloat16)[None]
-    static = xb.clone()
+    static = x0.to(torch.bfloat16)[None]
     def chain():
         x = static
         for wqkv, wo, wg, wu, wd in layers:
@@ -319,31 +339,44 @@ def main() -> None:
     result["variants"]["cublas_graph"] = {"ms": ms, "tbps": weight_bytes / statistics.median(ms) / 1e9, "rel_err": err,
                                           "kernels": 7 * L}
     print(f"cuBLAS + elementwise, one graph: {statistics.median(ms):.3f} ms "
-          f"({result['variants']['cublas_graph']['tbps']:.2f} TB/s), rel err {err:.2e}", flush=True)
+          f"({result['variants']['cublas_graph']['tbps']:.2f} TB/s), rel err {err:.2e} (bf16 activations)", flush=True)
 
     bufs = dict(x=torch.empty(H, device=dev), qkv=torch.empty(3 * H, device=dev), x1=torch.empty(H, device=dev),
-                act=torch.empty(I, device=dev), counter=torch.zeros(1, dtype=torch.int32, device=dev))
-    variants = [(f"persistent_s{n}", {"NSTAGES": int(n)}) for n in a.stages.split(",")]
-    variants.append((f"no_runahead_s{variants[0][1]['NSTAGES']}", {**variants[0][1], "NO_RUNAHEAD": 1}))
-    for name, defines in variants:
+                act=torch.empty(I, device=dev), att=torch.empty(max(1, a.kv_tiles) * ROWS, device=dev),
+                counter=torch.zeros(1, dtype=torch.int32, device=dev))
+    stages = [int(n) for n in a.stages.split(",")]
+    # (name, compile-time defines, with the attention stand-in)
+    variants = [(f"persistent_s{n}", {"NSTAGES": n}, False) for n in stages]
+    variants.append((f"no_runahead_s{stages[0]}", {"NSTAGES": stages[0], "NO_RUNAHEAD": 1}, False))
+    if a.kv_tiles:
+        variants.append((f"persistent_s{stages[0]}_kv", {"NSTAGES": stages[0]}, True))
+    kernels: dict[tuple, Kernel] = {}
+    for name, defines, with_kv in variants:
+        key = tuple(sorted(defines.items()))
         try:
-            kern = Kernel(build(defines, a.nvrtc), shared_bytes(defines["NSTAGES"]))
+            if key not in kernels:
+                kernels[key] = Kernel(build(defines, a.nvrtc), shared_bytes(defines["NSTAGES"]))
         except RuntimeError as exc:
             result["variants"][name] = {"error": str(exc)[-2000:]}
             print(f"{name}: {exc}", flush=True)
             continue
+        kern = kernels[key]
+        weights, kv_tiles = (packed_kv, a.kv_tiles) if with_kv else (packed, 0)
         def run():
             bufs["counter"].zero_()
             bufs["x"].copy_(x0)
-            kern(sms, packed, bufs["x"], bufs["qkv"], bufs["x1"], bufs["act"], bufs["counter"], H, I, L)
+            kern(sms, weights, bufs["x"], bufs["qkv"], bufs["x1"], bufs["act"], bufs["att"], bufs["counter"],
+                 H, I, kv_tiles, L)
         run()
         torch.cuda.synchronize()
         err = ((bufs["x"] - ref).abs().max() / ref.abs().max()).item()
         ms = med3(run, a.reps)
-        tb = weight_bytes / statistics.median(ms) / 1e9
-        result["variants"][name] = {"ms": ms, "tbps": tb, "rel_err": err, "regs": kern.regs,
-                                    "shared_bytes": kern.smem, "ctas": sms}
-        print(f"{name}: {statistics.median(ms):.3f} ms ({tb:.2f} TB/s), rel err {err:.2e}, {kern.regs} regs", flush=True)
+        nbytes = weights.numel() * 2
+        tb = nbytes / statistics.median(ms) / 1e9
+        result["variants"][name] = {"ms": ms, "tbps": tb, "bytes": nbytes, "rel_err": err, "regs": kern.regs,
+                                    "shared_bytes": kern.smem, "ctas": sms, "barriers": L * (5 if with_kv else 4)}
+        print(f"{name}: {statistics.median(ms):.3f} ms ({tb:.2f} TB/s over {nbytes / 1e9:.2f} GB), rel err {err:.2e}, "
+              f"{kern.regs} regs", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))
 

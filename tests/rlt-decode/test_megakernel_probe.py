@@ -17,15 +17,17 @@ def _layers(hidden: int, inter: int, count: int) -> list[list[torch.Tensor]]:
             for _ in range(count)]
 
 
-@pytest.mark.parametrize("ctas", [1, 5, 7])
-def test_emulated_kernel_is_the_reference_chain(ctas):
+@pytest.mark.parametrize("ctas,kv_tiles", [(1, 0), (5, 0), (7, 0), (5, 6)])
+def test_emulated_kernel_is_the_reference_chain(ctas, kv_tiles):
+    """With and without the attention stand-in's stages between q/k/v and o_proj (its sums are not used)."""
     hidden, inter, count = 512, 1536, 2
     layers = _layers(hidden, inter, count)
-    packed = torch.cat([probe.pack_layer(*ws) for ws in layers])
-    assert packed.numel() == count * probe.layer_stages(hidden, inter) * probe.STAGE_ELEMS
+    kv = torch.randn(kv_tiles * probe.ROWS, probe.CK).to(torch.bfloat16) if kv_tiles else None
+    packed = torch.cat([probe.pack_layer(*ws, kv=kv) for ws in layers])
+    assert packed.numel() == count * probe.layer_stages(hidden, inter, kv_tiles) * probe.STAGE_ELEMS
     x = torch.randn(hidden, generator=torch.Generator().manual_seed(1))
     ref = probe.reference(x, layers)
-    out = probe.emulate(packed, x, hidden, inter, count, ctas)
+    out = probe.emulate(packed, x, hidden, inter, count, ctas, kv_tiles)
     assert (out - ref).abs().max().item() <= 1e-4 * ref.abs().max().item()
 
 
@@ -37,7 +39,7 @@ def test_gate_and_up_rows_are_paired_in_each_tile():
     ws[2][:, 0] = torch.arange(inter, dtype=torch.bfloat16)  # gate row j: j in column 0
     ws[3][:, 0] = -torch.arange(inter, dtype=torch.bfloat16)  # up row j: -j
     packed = probe.pack_layer(*ws).reshape(-1, probe.ROWS, probe.CK)
-    ph = probe.phases(hidden, inter)[2]
+    ph = probe.phases(hidden, inter)[probe.GATE_UP]
     tile = 3
     first = packed[ph["stage0"] + tile * ph["chunks"]]
     rows = torch.arange(tile * 8, tile * 8 + 8, dtype=torch.bfloat16)
