@@ -253,8 +253,9 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
           const float v = rowsum[tid];
           if (p == QKV) qkv[row] = v;
           else if (p == KV) att[row] = v;
-          else if (p == O_PROJ) x1[row] = v + x[row];
-          else if (p == DOWN) x[row] = v + x1[row];
+          // (other CTAs wrote x and x1: read them from L2, never from a stale L1 line)
+          else if (p == O_PROJ) x1[row] = v + __ldcg(x + row);
+          else if (p == DOWN) x[row] = v + __ldcg(x1 + row);
           else if (tid < ROWS / 2) {  // gate rows 0..7, up rows 8..15 of the tile
             const float g = v, u = rowsum[tid + ROWS / 2];
             act[t * (ROWS / 2) + tid] = g / (1.f + __expf(-g)) * u;
