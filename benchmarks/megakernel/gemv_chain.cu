@@ -8,7 +8,7 @@
 // the softmax, norms and RoPE are left out (their arithmetic is small at one row).
 //
 // Design (the one docs/decode.md names as what the Triton designs could not express):
-// - one CTA per SM; warp 0's lane 0 is the *producer*: it streams the CTA's weight tiles, in the
+// - one CTA per SM (or two: MIN_BLOCKS); warp 0's lane 0 is the *producer*: it streams the CTA's weight tiles, in the
 //   order the CTA will use them, into a ring of NSTAGES shared-memory stages with 1-D bulk copies
 //   (cp.async.bulk, completion counted on an mbarrier per stage). Weights never depend on
 //   activations, so the producer runs ahead across phase boundaries: while the consumers wait at a
@@ -132,13 +132,19 @@ __device__ __forceinline__ void grid_sync(unsigned int* counter, unsigned int ta
     unsigned int v;
     do {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+#ifdef BACKOFF_NS  // fewer polls of the one counter's L2 line while the weight streams run
+      if (v < target) __nanosleep(BACKOFF_NS);
+#endif
     } while (v < target);
     __threadfence();
   }
   consumers_sync();
 }
 
-extern "C" __global__ void __launch_bounds__(32 + CONSUMERS, 1)
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1  // CTAs per SM (2: NSTAGES <= 5, so that two CTAs' shared memory fit one SM)
+#endif
+extern "C" __global__ void __launch_bounds__(32 + CONSUMERS, MIN_BLOCKS)
 gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
            float* x,                         // [H] the layer input; the chain's output at the end
            float* qkv,                       // [3H]
