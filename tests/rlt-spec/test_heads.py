@@ -138,7 +138,7 @@ from benchmarks.triton_aot_report import compile_sass
 from rlt.spec.heads_kernel import greedy_heads_kernel
 from rlt.spec.heads import DEFAULT_TILES
 out = {}
-for block, warps in {DEFAULT_TILES, (16384, 16)}:  # the default and the sweep's largest shape
+for block, warps in {DEFAULT_TILES, (16384, 16), (2048, 4)}:  # the default, the sweep's largest, the old default
     for dtype in ("bf16", "fp32"):
         types = {"LOGITS": "*" + dtype, "DESC": "*i64", "TABLE": "*i64", "DEAD": "*u8", "OUT": "*i64", "stride_l": "i32"}
         ops, usage, _ = compile_sass(greedy_heads_kernel, {"BLOCK": block}, 90, types, set(), num_warps=warps)
