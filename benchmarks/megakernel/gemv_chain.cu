@@ -220,6 +220,11 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
         for (int c = 0; c < ph.chunks; ++c, ++n) {
           const int st = n % NSTAGES;
           mbar_wait(&full[st], (n / NSTAGES) & 1);
+#ifdef NO_COMPUTE  // timing ablation: stages are waited for and released, not multiplied (wrong output)
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&empty[st]);
+          continue;
+#endif
           const uint16_t* stage = ring + st * STAGE_ELEMS;
           const float* xc = xin + c * CK;
           float xa[16];
@@ -269,7 +274,12 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
         }
         consumers_sync();
       }
+#ifdef NO_GRID_SYNC  // timing ablation: phases not ordered across CTAs (wrong output)
+      consumers_sync();
+      ++barriers;
+#else
       grid_sync(counter, ++barriers * (unsigned int)ctas);
+#endif
       if (tid == 0) *phase_go = layer * PHASES + p + 1;
     }
   }

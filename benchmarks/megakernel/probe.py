@@ -12,7 +12,9 @@ the memory stream never stops while the consumers wait. This measures that strea
 
 - the same chain as cuBLAS GEMVs + elementwise kernels in one CUDA graph (the kernel-per-op design),
 - the device's read rate (a large reduction over the packed weights),
-- the ablation ``NO_RUNAHEAD`` (the producer waits for each phase's barrier: what the run-ahead buys),
+- the ablation ``NO_RUNAHEAD`` (the producer waits for each phase's barrier: what the run-ahead buys), and
+  two timing-only ablations whose outputs are wrong by construction: ``NO_GRID_SYNC`` (no barriers) and
+  ``NO_COMPUTE`` with it (the bulk-copy stream alone),
 - and with the attention stand-in (``--kv-tiles``: a layer's KV bytes at 1K context streamed like weights
   after q/k/v, plus a barrier): the probe's estimate of a whole persistent loop step at C=1.
 
@@ -357,6 +359,11 @@ def main() -> None:
     variants.append((f"no_runahead_s{stages[0]}", {"NSTAGES": stages[0], "NO_RUNAHEAD": 1}, False))
     variants.append((f"backoff_s{stages[0]}", {"NSTAGES": stages[0], "BACKOFF_NS": 256}, False))
     variants.append(("two_per_sm_s5", {"NSTAGES": 5, "MIN_BLOCKS": 2}, False))
+    # timing ablations (their outputs are wrong by construction): without the grid barriers, and without
+    # the consumers' arithmetic as well (the bulk-copy stream alone)
+    variants.append((f"ablation_no_grid_sync_s{stages[0]}", {"NSTAGES": stages[0], "NO_GRID_SYNC": 1}, False))
+    variants.append((f"ablation_stream_only_s{stages[0]}", {"NSTAGES": stages[0], "NO_GRID_SYNC": 1, "NO_COMPUTE": 1},
+                     False))
     if a.kv_tiles:
         variants.append((f"persistent_s{stages[0]}_kv", {"NSTAGES": stages[0]}, True))
     kernels: dict[tuple, Kernel] = {}
