@@ -46,7 +46,8 @@ class Ceilings:
         return attrs.asdict(self)
 
 
-def _timed(fn, device: torch.device, reps: int) -> list[float]:
+def timed(fn, device: torch.device, reps: int) -> list[float]:
+    """Seconds per call of ``fn``, ``reps`` times (CUDA events on a GPU, the wall clock elsewhere)."""
     times = []
     if device.type == "cuda":
         for _ in range(reps):
@@ -73,14 +74,14 @@ def measure_ceilings(device: torch.device, dtype: torch.dtype) -> Ceilings:
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)
-    copy_t = statistics.median(_timed(lambda: dst.copy_(src), device, 10))
+    copy_t = statistics.median(timed(lambda: dst.copy_(src), device, 10))
     del src, dst
     mm_dtype = dtype if big else torch.float32
     a = torch.randn(n, n, dtype=mm_dtype, device=device)
     b = torch.randn(n, n, dtype=mm_dtype, device=device)
     for _ in range(3):
         torch.mm(a, b)
-    mm_t = statistics.median(_timed(lambda: torch.mm(a, b), device, 10))
+    mm_t = statistics.median(timed(lambda: torch.mm(a, b), device, 10))
     del a, b
     if big:
         torch.cuda.empty_cache()

@@ -49,6 +49,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.roofline import timed
+
 SOURCE = Path(__file__).with_name("gemv_chain.cu")
 ROWS, CK = 16, 512  # a stage: ROWS weight rows x CK columns (bf16): 16 KB
 STAGE_ELEMS = ROWS * CK
@@ -271,18 +273,7 @@ def med3(fn, reps: int) -> list[float]:
     """Three medians (ms) of ``reps`` timed calls each, after one discarded warm-up call."""
     fn()
     torch.cuda.synchronize()
-    out = []
-    for _ in range(3):
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        out.append(statistics.median(times))
-    return out
+    return [statistics.median(timed(fn, torch.device("cuda"), reps)) * 1e3 for _ in range(3)]
 
 
 def main() -> None:
