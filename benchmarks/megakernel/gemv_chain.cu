@@ -19,8 +19,9 @@
 //   write the tile's outputs with the phase's epilogue.
 // - weights are pre-packed (host side, once) so that each stage is one contiguous 16 KB block:
 //   [tile][chunk][ROWS rows][CK columns] bf16; gate/up tiles hold 8 gate rows then the same 8 up rows.
-// - tiles of a layer are numbered across its four phases and dealt round-robin over the CTAs, so
-//   the CTAs that get a phase's leftover tiles differ from phase to phase.
+// - each CTA takes one balanced range of a phase's stages (``segment``; DEAL_TILES: whole tiles dealt
+//   round-robin, lease 15's first design), adds its rows' partial sums into fp32 accumulators, and
+//   each phase's epilogue (residual, SiLU*mul) is folded into the next phase's input load (``Work``).
 #ifdef __CUDACC_RTC__  // NVRTC has no C library headers
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
@@ -116,10 +117,24 @@ __device__ __forceinline__ long long layer_stages(const Phase* ph) {
   return ph[PHASES - 1].stage0 + (long long)ph[PHASES - 1].tiles * ph[PHASES - 1].chunks;
 }
 
-// the first tile of phase ph this CTA owns (tiles numbered across the layer, dealt round-robin)
-__device__ __forceinline__ int first_tile(const Phase& ph, int cta, int ctas) {
-  int r = (cta - ph.tile0) % ctas;
-  return r < 0 ? r + ctas : r;
+// This CTA's k-th segment of phase ph: positions [lo, hi) in the phase's (tile, chunk) order, i.e. its
+// stages stage0 + lo .. stage0 + hi - 1, contiguous in memory. DEAL_TILES: whole tiles dealt round-robin
+// (tiles numbered across the layer: the CTAs with a phase's leftover tiles differ from phase to phase);
+// default: one balanced range of positions per CTA (tiles may be split between two CTAs, whose partial
+// sums meet in the accumulator), so no CTA streams more than one stage above the phase's average.
+__device__ __forceinline__ bool segment(const Phase& ph, int cta, int ctas, int k, int* lo, int* hi) {
+#ifdef DEAL_TILES
+  int t = (cta - ph.tile0) % ctas;
+  t = (t < 0 ? t + ctas : t) + k * ctas;
+  *lo = t * ph.chunks;
+  *hi = *lo + ph.chunks;
+  return t < ph.tiles;
+#else
+  const long long total = (long long)ph.tiles * ph.chunks;
+  *lo = (int)(total * cta / ctas);
+  *hi = (int)(total * (cta + 1) / ctas);
+  return k == 0;
+#endif
 }
 
 // grid-wide barrier among the consumers of every CTA (the counter only grows; ``target`` is the
@@ -141,16 +156,76 @@ __device__ __forceinline__ void grid_sync(unsigned int* counter, unsigned int ta
   consumers_sync();
 }
 
+// The fp32 workspace (zeroed by the host before a launch, except acc_down = the chain's input):
+// every phase ADDS its rows' (partial) sums into its accumulator, and each epilogue is folded into the
+// next phase's input load — x = acc_down + x1 (q/k/v's input), x1 = acc_o + x (gate/up's), act =
+// SiLU(gate) * up (down_proj's); the chain's output is acc_down + x1 after the last layer. CTA 0 keeps
+// the vectors two phases need (x, x1) and zeroes each accumulator between its last read and its next
+// write (both a barrier away).
+struct Work {
+  float *x, *x1, *acc_qkv, *acc_o, *acc_gu, *acc_down, *att;
+};
+
+__device__ __forceinline__ Work workspace(float* ws, int H, int I) {
+  Work w;
+  w.x = ws;
+  w.x1 = w.x + H;
+  w.acc_qkv = w.x1 + H;
+  w.acc_o = w.acc_qkv + 3 * H;
+  w.acc_gu = w.acc_o + H;        // gate rows [0, I), up rows [I, 2I)
+  w.acc_down = w.acc_gu + 2 * I;
+  w.att = w.acc_down + H;        // the attention stand-in's sums (never read)
+  return w;
+}
+
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.f + __expf(-g)) * u; }
+
+// the phase's input vector into shared memory (the previous phase's epilogue folded in), after its barrier
+__device__ __forceinline__ void load_input(int p, const Work& w, float* xin, int H, int I, int cta, int tid) {
+  if (p == QKV) {
+    for (int i = tid; i < H; i += CONSUMERS) {
+      const float v = __ldcg(w.acc_down + i) + __ldcg(w.x1 + i);
+      xin[i] = v;
+      if (cta == 0) w.x[i] = v;
+    }
+    if (cta == 0)
+      for (int i = tid; i < 2 * I; i += CONSUMERS) w.acc_gu[i] = 0.f;  // last read: down_proj's load
+  } else if (p == KV) {
+    for (int i = tid; i < CK; i += CONSUMERS) xin[i] = __ldcg(w.acc_qkv + i);
+  } else if (p == O_PROJ) {
+    for (int i = tid; i < H; i += CONSUMERS) xin[i] = __ldcg(w.acc_qkv + i);
+    if (cta == 0)
+      for (int i = tid; i < H; i += CONSUMERS) w.acc_down[i] = 0.f;  // last read: q/k/v's load
+  } else if (p == GATE_UP) {
+    for (int i = tid; i < H; i += CONSUMERS) {
+      const float v = __ldcg(w.acc_o + i) + __ldcg(w.x + i);
+      xin[i] = v;
+      if (cta == 0) w.x1[i] = v;
+    }
+    if (cta == 0)
+      for (int i = tid; i < 3 * H; i += CONSUMERS) w.acc_qkv[i] = 0.f;  // last read: o_proj's load
+  } else {
+    for (int i = tid; i < I; i += CONSUMERS) xin[i] = silu_mul(__ldcg(w.acc_gu + i), __ldcg(w.acc_gu + I + i));
+    if (cta == 0)
+      for (int i = tid; i < H; i += CONSUMERS) w.acc_o[i] = 0.f;  // last read: gate/up's load
+  }
+}
+
+// where row r of tile t of phase p adds its sum
+__device__ __forceinline__ float* out_row(int p, const Work& w, int I, int t, int r) {
+  if (p == QKV) return w.acc_qkv + t * ROWS + r;
+  if (p == KV) return w.att + t * ROWS + r;
+  if (p == O_PROJ) return w.acc_o + t * ROWS + r;
+  if (p == GATE_UP) return r < ROWS / 2 ? w.acc_gu + t * (ROWS / 2) + r : w.acc_gu + I + t * (ROWS / 2) + r - ROWS / 2;
+  return w.acc_down + t * ROWS + r;
+}
+
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1  // CTAs per SM (2: NSTAGES <= 5, so that two CTAs' shared memory fit one SM)
 #endif
 extern "C" __global__ void __launch_bounds__(32 + CONSUMERS, MIN_BLOCKS)
 gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
-           float* x,                         // [H] the layer input; the chain's output at the end
-           float* qkv,                       // [3H]
-           float* x1,                        // [H] after o_proj + residual
-           float* act,                       // [I] SiLU(gate) * up
-           float* att,                       // [kv_tiles * ROWS] the attention stand-in's sums (unused)
+           float* ws,                        // the fp32 workspace (struct Work)
            unsigned int* counter,            // zero at launch
            int hidden, int inter, int kv_tiles, int layers) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -188,13 +263,13 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
         while (*phase_go < layer * PHASES + p) {
         }
 #endif
-        for (int t = first_tile(ph, cta, ctas); t < ph.tiles; t += ctas) {
-          const uint16_t* tw = lw + (ph.stage0 + (long long)t * ph.chunks) * STAGE_ELEMS;
-          for (int c = 0; c < ph.chunks; ++c, ++n) {
+        int lo, hi;
+        for (int k = 0; segment(ph, cta, ctas, k, &lo, &hi); ++k) {
+          for (int pos = lo; pos < hi; ++pos, ++n) {
             const int st = n % NSTAGES;
             mbar_wait(&empty[st], ((n / NSTAGES) & 1) ^ 1);
             mbar_expect_tx(&full[st], STAGE_BYTES);
-            bulk_load(ring + st * STAGE_ELEMS, tw + (long long)c * STAGE_ELEMS, STAGE_BYTES, &full[st]);
+            bulk_load(ring + st * STAGE_ELEMS, lw + (ph.stage0 + pos) * STAGE_ELEMS, STAGE_BYTES, &full[st]);
           }
         }
       }
@@ -204,6 +279,7 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
 
   // the consumers
   const int tid = threadIdx.x - 32, warp = tid / 32, lane = tid % 32;
+  const Work wk = workspace(ws, hidden, inter);
   unsigned int n = 0, barriers = 0;
   for (int layer = 0; layer < layers; ++layer) {
     for (int p = 0; p < PHASES; ++p) {
@@ -212,19 +288,16 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
         if (tid == 0) *phase_go = layer * PHASES + p + 1;
         continue;
       }
-      const float* in = p == QKV ? x : p == KV || p == O_PROJ ? qkv : p == GATE_UP ? x1 : act;
-      for (int i = tid; i < ph.k; i += CONSUMERS) xin[i] = __ldcg(in + i);
+      load_input(p, wk, xin, hidden, inter, cta, tid);
       consumers_sync();
-      for (int t = first_tile(ph, cta, ctas); t < ph.tiles; t += ctas) {
+      int lo, hi;
+      for (int k = 0; segment(ph, cta, ctas, k, &lo, &hi); ++k) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int c = 0; c < ph.chunks; ++c, ++n) {
+        for (int pos = lo; pos < hi; ++pos, ++n) {
+          const int t = pos / ph.chunks, c = pos - t * ph.chunks;
           const int st = n % NSTAGES;
           mbar_wait(&full[st], (n / NSTAGES) & 1);
-#ifdef NO_COMPUTE  // timing ablation: stages are waited for and released, not multiplied (wrong output)
-          __syncwarp();
-          if (lane == 0) mbar_arrive(&empty[st]);
-          continue;
-#endif
+#ifndef NO_COMPUTE  // (the ablation: stages waited for and released, not multiplied: wrong output)
           const uint16_t* stage = ring + st * STAGE_ELEMS;
           const float* xc = xin + c * CK;
           float xa[16];
@@ -246,33 +319,26 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
                         bf16_lo(v.z) * xv[4] + bf16_hi(v.z) * xv[5] + bf16_lo(v.w) * xv[6] + bf16_hi(v.w) * xv[7];
             }
           }
+#endif
           __syncwarp();
           if (lane == 0) mbar_arrive(&empty[st]);
-        }
+          if (c == ph.chunks - 1 || pos == hi - 1) {  // the tile's (part of the) sums: add them
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
+            for (int r = 0; r < 4; ++r) {
 #pragma unroll
-          for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-        }
-        if (lane == 0) {
+              for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+            }
+            if (lane == 0) {
 #pragma unroll
-          for (int r = 0; r < 4; ++r) rowsum[warp * 4 + r] = acc[r];
-        }
-        consumers_sync();
-        if (tid < ROWS) {  // the phase's epilogue, one output row per thread
-          const int row = t * ROWS + tid;
-          const float v = rowsum[tid];
-          if (p == QKV) qkv[row] = v;
-          else if (p == KV) att[row] = v;
-          // (other CTAs wrote x and x1: read them from L2, never from a stale L1 line)
-          else if (p == O_PROJ) x1[row] = v + __ldcg(x + row);
-          else if (p == DOWN) x[row] = v + __ldcg(x1 + row);
-          else if (tid < ROWS / 2) {  // gate rows 0..7, up rows 8..15 of the tile
-            const float g = v, u = rowsum[tid + ROWS / 2];
-            act[t * (ROWS / 2) + tid] = g / (1.f + __expf(-g)) * u;
+              for (int r = 0; r < 4; ++r) rowsum[warp * 4 + r] = acc[r];
+            }
+            consumers_sync();
+            if (tid < ROWS) atomicAdd(out_row(p, wk, inter, t, tid), rowsum[tid]);
+            consumers_sync();
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[r] = 0.f;
           }
         }
-        consumers_sync();
       }
 #ifdef NO_GRID_SYNC  // timing ablation: phases not ordered across CTAs (wrong output)
       consumers_sync();
