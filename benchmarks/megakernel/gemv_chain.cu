@@ -180,35 +180,29 @@ __device__ __forceinline__ Work workspace(float* ws, int H, int I) {
 
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.f + __expf(-g)) * u; }
 
-// the phase's input vector into shared memory (the previous phase's epilogue folded in), after its barrier
+// the phase's input vector into shared memory (the previous phase's epilogue folded in), after its barrier.
+// The loads come first and alone: a global store in the same loop (CTA 0's copies) would keep the compiler
+// from overlapping one iteration's L2 loads with the next's (lease 15, call 3: that made every phase start
+// ~10 us late); CTA 0 then copies from shared memory and zeroes.
 __device__ __forceinline__ void load_input(int p, const Work& w, float* xin, int H, int I, int cta, int tid) {
   if (p == QKV) {
-    for (int i = tid; i < H; i += CONSUMERS) {
-      const float v = __ldcg(w.acc_down + i) + __ldcg(w.x1 + i);
-      xin[i] = v;
-      if (cta == 0) w.x[i] = v;
-    }
-    if (cta == 0)
-      for (int i = tid; i < 2 * I; i += CONSUMERS) w.acc_gu[i] = 0.f;  // last read: down_proj's load
-  } else if (p == KV) {
-    for (int i = tid; i < CK; i += CONSUMERS) xin[i] = __ldcg(w.acc_qkv + i);
-  } else if (p == O_PROJ) {
-    for (int i = tid; i < H; i += CONSUMERS) xin[i] = __ldcg(w.acc_qkv + i);
-    if (cta == 0)
-      for (int i = tid; i < H; i += CONSUMERS) w.acc_down[i] = 0.f;  // last read: q/k/v's load
+    for (int i = tid; i < H; i += CONSUMERS) xin[i] = __ldcg(w.acc_down + i) + __ldcg(w.x1 + i);
+  } else if (p == KV || p == O_PROJ) {
+    for (int i = tid; i < (p == KV ? CK : H); i += CONSUMERS) xin[i] = __ldcg(w.acc_qkv + i);
   } else if (p == GATE_UP) {
-    for (int i = tid; i < H; i += CONSUMERS) {
-      const float v = __ldcg(w.acc_o + i) + __ldcg(w.x + i);
-      xin[i] = v;
-      if (cta == 0) w.x1[i] = v;
-    }
-    if (cta == 0)
-      for (int i = tid; i < 3 * H; i += CONSUMERS) w.acc_qkv[i] = 0.f;  // last read: o_proj's load
+    for (int i = tid; i < H; i += CONSUMERS) xin[i] = __ldcg(w.acc_o + i) + __ldcg(w.x + i);
   } else {
     for (int i = tid; i < I; i += CONSUMERS) xin[i] = silu_mul(__ldcg(w.acc_gu + i), __ldcg(w.acc_gu + I + i));
-    if (cta == 0)
-      for (int i = tid; i < H; i += CONSUMERS) w.acc_o[i] = 0.f;  // last read: gate/up's load
   }
+  if (cta != 0 || p == KV) return;
+  // CTA 0: keep x (q/k/v's input) and x1 (gate/up's) for later phases; zero the accumulator whose last
+  // read was the previous phase's load
+  float* keep = p == QKV ? w.x : p == GATE_UP ? w.x1 : nullptr;
+  if (keep)
+    for (int i = tid; i < H; i += CONSUMERS) keep[i] = xin[i];
+  float* zero = p == QKV ? w.acc_gu : p == O_PROJ ? w.acc_down : p == GATE_UP ? w.acc_qkv : w.acc_o;
+  const int n = p == QKV ? 2 * I : p == GATE_UP ? 3 * H : H;
+  for (int i = tid; i < n; i += CONSUMERS) zero[i] = 0.f;
 }
 
 // where row r of tile t of phase p adds its sum
