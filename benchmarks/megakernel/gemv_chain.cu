@@ -19,9 +19,11 @@
 //   write the tile's outputs with the phase's epilogue.
 // - weights are pre-packed (host side, once) so that each stage is one contiguous 16 KB block:
 //   [tile][chunk][ROWS rows][CK columns] bf16; gate/up tiles hold 8 gate rows then the same 8 up rows.
-// - each CTA takes one balanced range of a phase's stages (``segment``; DEAL_TILES: whole tiles dealt
-//   round-robin, lease 15's first design), adds its rows' partial sums into fp32 accumulators, and
-//   each phase's epilogue (residual, SiLU*mul) is folded into the next phase's input load (``Work``).
+// - tiles of a layer are numbered across its four phases and dealt round-robin over the CTAs, so
+//   the CTAs that get a phase's leftover tiles differ from phase to phase.
+// - tried and measured slower (lease 15, calls 3-5; commit 57d7373): one balanced range of stages per CTA with
+//   partial sums added into fp32 accumulators and each epilogue folded into the next phase's input load —
+//   1.45 ms against this design's 1.08 on one machine, its bulk-copy stream alone 1.34 ms against 0.84.
 #ifdef __CUDACC_RTC__  // NVRTC has no C library headers
 typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
@@ -117,24 +119,10 @@ __device__ __forceinline__ long long layer_stages(const Phase* ph) {
   return ph[PHASES - 1].stage0 + (long long)ph[PHASES - 1].tiles * ph[PHASES - 1].chunks;
 }
 
-// This CTA's k-th segment of phase ph: positions [lo, hi) in the phase's (tile, chunk) order, i.e. its
-// stages stage0 + lo .. stage0 + hi - 1, contiguous in memory. DEAL_TILES: whole tiles dealt round-robin
-// (tiles numbered across the layer: the CTAs with a phase's leftover tiles differ from phase to phase);
-// default: one balanced range of positions per CTA (tiles may be split between two CTAs, whose partial
-// sums meet in the accumulator), so no CTA streams more than one stage above the phase's average.
-__device__ __forceinline__ bool segment(const Phase& ph, int cta, int ctas, int k, int* lo, int* hi) {
-#ifdef DEAL_TILES
-  int t = (cta - ph.tile0) % ctas;
-  t = (t < 0 ? t + ctas : t) + k * ctas;
-  *lo = t * ph.chunks;
-  *hi = *lo + ph.chunks;
-  return t < ph.tiles;
-#else
-  const long long total = (long long)ph.tiles * ph.chunks;
-  *lo = (int)(total * cta / ctas);
-  *hi = (int)(total * (cta + 1) / ctas);
-  return k == 0;
-#endif
+// the first tile of phase ph this CTA owns (tiles numbered across the layer, dealt round-robin)
+__device__ __forceinline__ int first_tile(const Phase& ph, int cta, int ctas) {
+  int r = (cta - ph.tile0) % ctas;
+  return r < 0 ? r + ctas : r;
 }
 
 // grid-wide barrier among the consumers of every CTA (the counter only grows; ``target`` is the
@@ -156,70 +144,16 @@ __device__ __forceinline__ void grid_sync(unsigned int* counter, unsigned int ta
   consumers_sync();
 }
 
-// The fp32 workspace (zeroed by the host before a launch, except acc_down = the chain's input):
-// every phase ADDS its rows' (partial) sums into its accumulator, and each epilogue is folded into the
-// next phase's input load — x = acc_down + x1 (q/k/v's input), x1 = acc_o + x (gate/up's), act =
-// SiLU(gate) * up (down_proj's); the chain's output is acc_down + x1 after the last layer. CTA 0 keeps
-// the vectors two phases need (x, x1) and zeroes each accumulator between its last read and its next
-// write (both a barrier away).
-struct Work {
-  float *x, *x1, *acc_qkv, *acc_o, *acc_gu, *acc_down, *att;
-};
-
-__device__ __forceinline__ Work workspace(float* ws, int H, int I) {
-  Work w;
-  w.x = ws;
-  w.x1 = w.x + H;
-  w.acc_qkv = w.x1 + H;
-  w.acc_o = w.acc_qkv + 3 * H;
-  w.acc_gu = w.acc_o + H;        // gate rows [0, I), up rows [I, 2I)
-  w.acc_down = w.acc_gu + 2 * I;
-  w.att = w.acc_down + H;        // the attention stand-in's sums (never read)
-  return w;
-}
-
-__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.f + __expf(-g)) * u; }
-
-// the phase's input vector into shared memory (the previous phase's epilogue folded in), after its barrier.
-// The loads come first and alone: a global store in the same loop (CTA 0's copies) would keep the compiler
-// from overlapping one iteration's L2 loads with the next's (lease 15, call 3: that made every phase start
-// ~10 us late); CTA 0 then copies from shared memory and zeroes.
-__device__ __forceinline__ void load_input(int p, const Work& w, float* xin, int H, int I, int cta, int tid) {
-  if (p == QKV) {
-    for (int i = tid; i < H; i += CONSUMERS) xin[i] = __ldcg(w.acc_down + i) + __ldcg(w.x1 + i);
-  } else if (p == KV || p == O_PROJ) {
-    for (int i = tid; i < (p == KV ? CK : H); i += CONSUMERS) xin[i] = __ldcg(w.acc_qkv + i);
-  } else if (p == GATE_UP) {
-    for (int i = tid; i < H; i += CONSUMERS) xin[i] = __ldcg(w.acc_o + i) + __ldcg(w.x + i);
-  } else {
-    for (int i = tid; i < I; i += CONSUMERS) xin[i] = silu_mul(__ldcg(w.acc_gu + i), __ldcg(w.acc_gu + I + i));
-  }
-  if (cta != 0 || p == KV) return;
-  // CTA 0: keep x (q/k/v's input) and x1 (gate/up's) for later phases; zero the accumulator whose last
-  // read was the previous phase's load
-  float* keep = p == QKV ? w.x : p == GATE_UP ? w.x1 : nullptr;
-  if (keep)
-    for (int i = tid; i < H; i += CONSUMERS) keep[i] = xin[i];
-  float* zero = p == QKV ? w.acc_gu : p == O_PROJ ? w.acc_down : p == GATE_UP ? w.acc_qkv : w.acc_o;
-  const int n = p == QKV ? 2 * I : p == GATE_UP ? 3 * H : H;
-  for (int i = tid; i < n; i += CONSUMERS) zero[i] = 0.f;
-}
-
-// where row r of tile t of phase p adds its sum
-__device__ __forceinline__ float* out_row(int p, const Work& w, int I, int t, int r) {
-  if (p == QKV) return w.acc_qkv + t * ROWS + r;
-  if (p == KV) return w.att + t * ROWS + r;
-  if (p == O_PROJ) return w.acc_o + t * ROWS + r;
-  if (p == GATE_UP) return r < ROWS / 2 ? w.acc_gu + t * (ROWS / 2) + r : w.acc_gu + I + t * (ROWS / 2) + r - ROWS / 2;
-  return w.acc_down + t * ROWS + r;
-}
-
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1  // CTAs per SM (2: NSTAGES <= 5, so that two CTAs' shared memory fit one SM)
 #endif
 extern "C" __global__ void __launch_bounds__(32 + CONSUMERS, MIN_BLOCKS)
 gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
-           float* ws,                        // the fp32 workspace (struct Work)
+           float* x,                         // [H] the layer input; the chain's output at the end
+           float* qkv,                       // [3H]
+           float* x1,                        // [H] after o_proj + residual
+           float* act,                       // [I] SiLU(gate) * up
+           float* att,                       // [kv_tiles * ROWS] the attention stand-in's sums (unused)
            unsigned int* counter,            // zero at launch
            int hidden, int inter, int kv_tiles, int layers) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -257,13 +191,13 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
         while (*phase_go < layer * PHASES + p) {
         }
 #endif
-        int lo, hi;
-        for (int k = 0; segment(ph, cta, ctas, k, &lo, &hi); ++k) {
-          for (int pos = lo; pos < hi; ++pos, ++n) {
+        for (int t = first_tile(ph, cta, ctas); t < ph.tiles; t += ctas) {
+          const uint16_t* tw = lw + (ph.stage0 + (long long)t * ph.chunks) * STAGE_ELEMS;
+          for (int c = 0; c < ph.chunks; ++c, ++n) {
             const int st = n % NSTAGES;
             mbar_wait(&empty[st], ((n / NSTAGES) & 1) ^ 1);
             mbar_expect_tx(&full[st], STAGE_BYTES);
-            bulk_load(ring + st * STAGE_ELEMS, lw + (ph.stage0 + pos) * STAGE_ELEMS, STAGE_BYTES, &full[st]);
+            bulk_load(ring + st * STAGE_ELEMS, tw + (long long)c * STAGE_ELEMS, STAGE_BYTES, &full[st]);
           }
         }
       }
@@ -273,7 +207,6 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
 
   // the consumers
   const int tid = threadIdx.x - 32, warp = tid / 32, lane = tid % 32;
-  const Work wk = workspace(ws, hidden, inter);
   unsigned int n = 0, barriers = 0;
   for (int layer = 0; layer < layers; ++layer) {
     for (int p = 0; p < PHASES; ++p) {
@@ -282,16 +215,19 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
         if (tid == 0) *phase_go = layer * PHASES + p + 1;
         continue;
       }
-      load_input(p, wk, xin, hidden, inter, cta, tid);
+      const float* in = p == QKV ? x : p == KV || p == O_PROJ ? qkv : p == GATE_UP ? x1 : act;
+      for (int i = tid; i < ph.k; i += CONSUMERS) xin[i] = __ldcg(in + i);
       consumers_sync();
-      int lo, hi;
-      for (int k = 0; segment(ph, cta, ctas, k, &lo, &hi); ++k) {
+      for (int t = first_tile(ph, cta, ctas); t < ph.tiles; t += ctas) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int pos = lo; pos < hi; ++pos, ++n) {
-          const int t = pos / ph.chunks, c = pos - t * ph.chunks;
+        for (int c = 0; c < ph.chunks; ++c, ++n) {
           const int st = n % NSTAGES;
           mbar_wait(&full[st], (n / NSTAGES) & 1);
-#ifndef NO_COMPUTE  // (the ablation: stages waited for and released, not multiplied: wrong output)
+#ifdef NO_COMPUTE  // timing ablation: stages are waited for and released, not multiplied (wrong output)
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&empty[st]);
+          continue;
+#endif
           const uint16_t* stage = ring + st * STAGE_ELEMS;
           const float* xc = xin + c * CK;
           float xa[16];
@@ -313,26 +249,33 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
                         bf16_lo(v.z) * xv[4] + bf16_hi(v.z) * xv[5] + bf16_lo(v.w) * xv[6] + bf16_hi(v.w) * xv[7];
             }
           }
-#endif
           __syncwarp();
           if (lane == 0) mbar_arrive(&empty[st]);
-          if (c == ph.chunks - 1 || pos == hi - 1) {  // the tile's (part of the) sums: add them
+        }
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
+        for (int r = 0; r < 4; ++r) {
 #pragma unroll
-              for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-            }
-            if (lane == 0) {
+          for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+        }
+        if (lane == 0) {
 #pragma unroll
-              for (int r = 0; r < 4; ++r) rowsum[warp * 4 + r] = acc[r];
-            }
-            consumers_sync();
-            if (tid < ROWS) atomicAdd(out_row(p, wk, inter, t, tid), rowsum[tid]);
-            consumers_sync();
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[r] = 0.f;
+          for (int r = 0; r < 4; ++r) rowsum[warp * 4 + r] = acc[r];
+        }
+        consumers_sync();
+        if (tid < ROWS) {  // the phase's epilogue, one output row per thread
+          const int row = t * ROWS + tid;
+          const float v = rowsum[tid];
+          if (p == QKV) qkv[row] = v;
+          else if (p == KV) att[row] = v;
+          // (other CTAs wrote x and x1: read them from L2, never from a stale L1 line)
+          else if (p == O_PROJ) x1[row] = v + __ldcg(x + row);
+          else if (p == DOWN) x[row] = v + __ldcg(x1 + row);
+          else if (tid < ROWS / 2) {  // gate rows 0..7, up rows 8..15 of the tile
+            const float g = v, u = rowsum[tid + ROWS / 2];
+            act[t * (ROWS / 2) + tid] = g / (1.f + __expf(-g)) * u;
           }
         }
+        consumers_sync();
       }
 #ifdef NO_GRID_SYNC  // timing ablation: phases not ordered across CTAs (wrong output)
       consumers_sync();

@@ -12,8 +12,6 @@ the memory stream never stops while the consumers wait. This measures that strea
 
 - the same chain as cuBLAS GEMVs + elementwise kernels in one CUDA graph (the kernel-per-op design),
 - the device's read rate (a large reduction over the packed weights),
-- ``DEAL_TILES``: whole tiles dealt round-robin (lease 15's first design: the busiest CTA streams 7 % more
-  than the average) instead of one balanced range of stages per CTA,
 - the ablation ``NO_RUNAHEAD`` (the producer waits for each phase's barrier: what the run-ahead buys), and
   two timing-only ablations whose outputs are wrong by construction: ``NO_GRID_SYNC`` (no barriers) and
   ``NO_COMPUTE`` with it (the bulk-copy stream alone),
@@ -30,7 +28,7 @@ driver API (ctypes) on PyTorch's current stream. Timings: per variant, the media
 ``--reps`` launches after a warm-up (CUDA events; each launch also zeroes the barrier counter and copies
 the input vector: two tiny kernels inside the timed span).
 
-``emulate`` runs the kernel's stage dealing, accumulators and folded epilogues in torch on CPU (tests/rlt-decode/
+``emulate`` runs the kernel's tile / stage bookkeeping in torch on CPU (tests/rlt-decode/
 test_megakernel_probe.py checks it against the reference at small shapes), so a device call spends
 its time on the parts only a GPU can check: the bulk copies, the mbarriers and the grid barrier.
 """
@@ -126,92 +124,44 @@ def random_layer(hidden: int, inter: int, device, generator=None) -> list[torch.
                                       (hidden, inter)), (1.0, 0.5, 1.0, 1.0, 0.02))]
 
 
-def segments(ph: dict, cta: int, ctas: int, deal: str = "balanced") -> list[tuple[int, int]]:
-    """CTA ``cta``'s position ranges ``[lo, hi)`` of a phase, in its (tile, chunk) order (the kernel's
-    ``segment``): one balanced range, or (``deal="tiles"``, DEAL_TILES) whole tiles dealt round-robin with
-    tiles numbered across the layer."""
-    if deal == "tiles":
-        first = (cta - ph["tile0"]) % ctas
-        return [(t * ph["chunks"], (t + 1) * ph["chunks"]) for t in range(first, ph["tiles"], ctas)]
-    total = ph["tiles"] * ph["chunks"]
-    return [(total * cta // ctas, total * (cta + 1) // ctas)]
-
-
-def workspace_size(hidden: int, inter: int, kv_tiles: int) -> int:
-    """The kernel's fp32 workspace (``struct Work``): x, x1, acc_qkv, acc_o, acc_gu, acc_down, att."""
-    return 7 * hidden + 2 * inter + kv_tiles * ROWS
-
-
-def workspace(ws: torch.Tensor, hidden: int, inter: int) -> dict[str, torch.Tensor]:
-    names, sizes = ("x", "x1", "acc_qkv", "acc_o", "acc_gu", "acc_down"), (hidden, hidden, 3 * hidden, hidden,
-                                                                           2 * inter, hidden)
-    out, at = {}, 0
-    for name, size in zip(names, sizes):
-        out[name] = ws[at: at + size]
-        at += size
-    out["att"] = ws[at:]
-    return out
+def first_tile(tile0: int, cta: int, ctas: int) -> int:
+    return (cta - tile0) % ctas
 
 
 def emulate(packed: torch.Tensor, x: torch.Tensor, hidden: int, inter: int, num_layers: int, ctas: int,
-            kv_tiles: int = 0, deal: str = "balanced") -> torch.Tensor:
-    """The kernel's bookkeeping in torch (fp32), phase by phase: the input load with the previous
-    epilogue folded in (and CTA 0's copies and zeroing), then per CTA its segments' stages read where the
-    producer fetches them, each tile's (partial) row sums added into the accumulator at the kernel's
-    addresses. Every stage of a phase must be consumed exactly once (asserted). Returns acc_down + x1."""
+            kv_tiles: int = 0) -> torch.Tensor:
+    """The kernel's bookkeeping in torch (fp32): per CTA, its tiles of each phase read from the packed
+    stages exactly where the producer would fetch them, with the consumers' epilogues. Every output
+    row must be written exactly once per phase (asserted)."""
     table = phases(hidden, inter, kv_tiles)
     per_layer = layer_stages(hidden, inter, kv_tiles)
     w = packed.float().reshape(-1, ROWS, CK)  # [stages, ROWS, CK]
-    wk = workspace(torch.zeros(workspace_size(hidden, inter, kv_tiles)), hidden, inter)
-    wk["acc_down"].copy_(x.float())
-    half = ROWS // 2
+    x = x.float().clone()
+    qkv, x1, act, att = torch.zeros(3 * hidden), torch.zeros(hidden), torch.zeros(inter), torch.zeros(kv_tiles * ROWS)
     for layer in range(num_layers):
         for p, ph in enumerate(table):
-            if not ph["tiles"]:
-                continue
-            if p == QKV:
-                xin = wk["acc_down"] + wk["x1"]
-                wk["x"].copy_(xin)
-                wk["acc_gu"].zero_()
-            elif p in (KV, O_PROJ):
-                xin = wk["acc_qkv"][: ph["k"]].clone()
-                if p == O_PROJ:
-                    wk["acc_down"].zero_()
-            elif p == GATE_UP:
-                xin = wk["acc_o"] + wk["x"]
-                wk["x1"].copy_(xin)
-                wk["acc_qkv"].zero_()
-            else:
-                xin = torch.nn.functional.silu(wk["acc_gu"][:inter]) * wk["acc_gu"][inter:]
-                wk["acc_o"].zero_()
-            seen = torch.zeros(ph["tiles"] * ph["chunks"], dtype=torch.int64)
-            base = layer * per_layer + ph["stage0"]
+            vin = (x, qkv, qkv, x1, act)[p][: ph["k"]].clone()
+            written = torch.zeros(ph["tiles"], dtype=torch.int64)
             for cta in range(ctas):
-                for lo, hi in segments(ph, cta, ctas, deal):
-                    pos = lo
-                    while pos < hi:  # one tile's (part of its) chunks at a time, as the consumers flush
-                        t = pos // ph["chunks"]
-                        end = min(hi, (t + 1) * ph["chunks"])
-                        chunks = torch.arange(pos, end) - t * ph["chunks"]
-                        v = torch.einsum("crk,crk->r", w[base + pos: base + end],
-                                         xin.reshape(ph["chunks"], 1, CK)[chunks].expand(-1, ROWS, -1))
-                        rows = t * ROWS + torch.arange(ROWS)
-                        if p == QKV:
-                            wk["acc_qkv"][rows] += v
-                        elif p == KV:
-                            wk["att"][rows] += v
-                        elif p == O_PROJ:
-                            wk["acc_o"][rows] += v
-                        elif p == DOWN:
-                            wk["acc_down"][rows] += v
-                        else:
-                            j = t * half + torch.arange(half)
-                            wk["acc_gu"][j] += v[:half]
-                            wk["acc_gu"][inter + j] += v[half:]
-                        seen[pos:end] += 1
-                        pos = end
-            assert bool((seen == 1).all()), f"phase {p}: stages consumed {seen.tolist()}"
-    return wk["acc_down"] + wk["x1"]
+                for t in range(first_tile(ph["tile0"], cta, ctas), ph["tiles"], ctas):
+                    first = layer * per_layer + ph["stage0"] + t * ph["chunks"]
+                    stages = w[first: first + ph["chunks"]]  # [chunks, ROWS, CK]
+                    v = torch.einsum("crk,ck->r", stages, vin.reshape(ph["chunks"], CK))
+                    rows = t * ROWS + torch.arange(ROWS)
+                    if p == QKV:
+                        qkv[rows] = v
+                    elif p == KV:
+                        att[rows] = v
+                    elif p == O_PROJ:
+                        x1[rows] = v + x[rows]
+                    elif p == DOWN:
+                        x[rows] = v + x1[rows]
+                    else:
+                        g, u = v[: ROWS // 2], v[ROWS // 2:]
+                        act[t * (ROWS // 2) + torch.arange(ROWS // 2)] = torch.nn.functional.silu(g) * u
+                    written[t] += 1
+            assert bool((written == 1).all()), f"phase {p}: tiles written {written.tolist()}"
+    return x
 
 
 def shared_bytes(stages: int) -> int:
@@ -309,8 +259,9 @@ class Kernel:
             self.cu.cuGetErrorString(rc, ctypes.byref(name))
             raise RuntimeError(f"{what}: CUDA error {rc} {name.value.decode() if name.value else ''}")
 
-    def __call__(self, ctas: int, packed, ws, counter, hidden: int, inter: int, kv_tiles: int, layers: int) -> None:
-        args = [ctypes.c_void_p(t.data_ptr()) for t in (packed, ws, counter)]
+    def __call__(self, ctas: int, packed, x, qkv, x1, act, att, counter, hidden: int, inter: int, kv_tiles: int,
+                 layers: int) -> None:
+        args = [ctypes.c_void_p(t.data_ptr()) for t in (packed, x, qkv, x1, act, att, counter)]
         args += [ctypes.c_int(hidden), ctypes.c_int(inter), ctypes.c_int(kv_tiles), ctypes.c_int(layers)]
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
@@ -390,14 +341,13 @@ def main() -> None:
     print(f"cuBLAS + elementwise, one graph: {statistics.median(ms):.3f} ms "
           f"({result['variants']['cublas_graph']['tbps']:.2f} TB/s), rel err {err:.2e} (bf16 activations)", flush=True)
 
-    ws = torch.zeros(workspace_size(H, I, a.kv_tiles), device=dev)
-    views = workspace(ws, H, I)
-    counter = torch.zeros(1, dtype=torch.int32, device=dev)
+    bufs = dict(x=torch.empty(H, device=dev), qkv=torch.empty(3 * H, device=dev), x1=torch.empty(H, device=dev),
+                act=torch.empty(I, device=dev), att=torch.empty(max(1, a.kv_tiles) * ROWS, device=dev),
+                counter=torch.zeros(1, dtype=torch.int32, device=dev))
     stages = [int(n) for n in a.stages.split(",")]
     # (name, compile-time defines, with the attention stand-in); CTAs per SM = MIN_BLOCKS
     variants = [(f"persistent_s{n}", {"NSTAGES": n}, False) for n in stages]
     variants.append((f"no_runahead_s{stages[0]}", {"NSTAGES": stages[0], "NO_RUNAHEAD": 1}, False))
-    variants.append((f"deal_tiles_s{stages[0]}", {"NSTAGES": stages[0], "DEAL_TILES": 1}, False))
     variants.append((f"backoff_s{stages[0]}", {"NSTAGES": stages[0], "BACKOFF_NS": 256}, False))
     variants.append(("two_per_sm_s5", {"NSTAGES": 5, "MIN_BLOCKS": 2}, False))
     # timing ablations (their outputs are wrong by construction): without the grid barriers, and without
@@ -421,13 +371,13 @@ def main() -> None:
         ctas = sms * defines.get("MIN_BLOCKS", 1)
         weights, kv_tiles = (packed_kv, a.kv_tiles) if with_kv else (packed, 0)
         def run():
-            counter.zero_()
-            ws.zero_()
-            views["acc_down"].copy_(x0)
-            kern(ctas, weights, ws, counter, H, I, kv_tiles, L)
+            bufs["counter"].zero_()
+            bufs["x"].copy_(x0)
+            kern(ctas, weights, bufs["x"], bufs["qkv"], bufs["x1"], bufs["act"], bufs["att"], bufs["counter"],
+                 H, I, kv_tiles, L)
         run()
         torch.cuda.synchronize()
-        err = ((views["acc_down"] + views["x1"] - ref).abs().max() / ref.abs().max()).item()
+        err = ((bufs["x"] - ref).abs().max() / ref.abs().max()).item()
         ms = med3(run, a.reps)
         nbytes = weights.numel() * 2
         tb = nbytes / statistics.median(ms) / 1e9
