@@ -14,12 +14,14 @@
 # C=64 +0.9 %, the default since) and the 128-row projection tiles at 65 / 96 / 115 rows (the default from 96 rows
 # since). Lease 14 (an H100, benchmarks/results/h100-20261207-lease14) ran fh (the fused greedy heads: a compile error
 # first — fixed —, then +2.4 % / +1.9 % at d = 2, K = 8: the default since), a (the whole suite: 222 passed) and sp
-# (a chain step 1.042x a plain one with the fused heads, 1.067x without). Next lease, by priority:
-#   hs (any card, ~4 min) the fused heads' launch shapes (benchmarks/spec_heads_sweep.py: ~23 us a launch at the
-#   default 2048 x 4 in lease 14's profile), then spec_bench d = 2, K = 8, a ~0.98 with the best shape against the
-#   default (a gain > 1 % makes it rlt.spec.heads.DEFAULT_TILES) > k128 (H200 only: C=128 1K/128, the lease-13
-#   defaults against the old projection rows and attention tiles; K128_PART=a, then b: the 32K step budget) > i's
-#   C=128 decode profile (H200 only) > h (FA4) > d. Each call:
+# (a chain step 1.042x a plain one with the fused heads, 1.067x without). Lease 15 (H100s,
+# benchmarks/results/h100-20261207-lease15) ran hs (16384 x 8: the heads' default since) and mk (the persistent
+# GEMV-chain probe: 1.08 ms a loop against 1.40 for cuBLAS + elementwise; its stream alone at 97 % of the read rate).
+# Next lease, by priority:
+#   k128 (H200 only: C=128 1K/128, the lease-13 defaults against the old projection rows and attention tiles;
+#   K128_PART=b first — the default at 32K and 64K budgets, fullrows at 32K —, then a) > mk on an H200 (the probe
+#   against that device's read rate: issue 10's C=1 projection) > i's C=128 decode profile (H200 only) > h (FA4) > d.
+#   Each call:
 #   n  rlt-decode with every projection on pointer loads (`notma`: the pre-lease-9 defaults) against the default, C=1
 #      and C=64, back to back: lease 9 timed the two TMA flips separately (+1.2 % and +0.4-0.8 %), not together
 #   g  the fused q/k/v+RoPE and gate/up+SiLU projections' launch shapes at 1 and 64 rows: 16/32-wide column tiles
