@@ -93,7 +93,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, at, fh, fs, hs, sp, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p}
+CALL=${CALL:?set CALL to one of a..i, at, fh, fs, hs, sp, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, ov, p}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -208,6 +208,11 @@ case $CALL in
         BENCH_ARGS="--scales ${FH_SCALES:-0.002,0.001} --targets ${FH_TARGETS:-0.95,0.98} --ks 8 --ds 2 --big-c 0" OUT=$R/fused$fused \
         bash scripts/spec_h200.sh | tail -9
     done ;;
+  ov)  # (any card, ~2 min) benchmarks/row_split_overlap.py: C=64 x 1K rows cut into 2 / 4 groups on parallel streams
+    # (one group's projections under another's attention) against one call, CUDA graphs of the engine's loop step
+    timeout ${OV_TIMEOUT:-300} python3 -m benchmarks.row_split_overlap --rows ${OV_ROWS:-64} --groups ${OV_GROUPS:-2,4} \
+      --out "$R/split.json" > "$R/split.log" 2>&1
+    echo "split rc $?"; tail -8 "$R/split.log" ;;
   mk)  # (any card, ~1-2 min) the persistent GEMV-chain probe (benchmarks/megakernel): one Ouro-1.4B loop's weight
     # stream in one kernel, against the same chain as cuBLAS + elementwise kernels in a graph; then C=1 decode
     # (MK_DECODE=1) for the same lease's per-loop-step time
