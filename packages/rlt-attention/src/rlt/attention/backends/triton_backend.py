@@ -295,6 +295,9 @@ class TritonBackend(AttentionBackend):
         return max(1, min(want, by_len, MAX_SPLITS))
 
     def _split_scratch(self, rows: int, heads: int, splits: int, head_dim: int, device: torch.device):
+        # One buffer per shape, shared by every call (and every captured graph) of that shape: safe because the
+        # engine runs its attention calls on one stream. Calls of one shape on concurrent streams would overwrite
+        # each other's partial sums (measured: benchmarks/row_split_overlap.py's parallel groups, lease 16).
         key = (device, rows, heads, splits, head_dim)
         buf = self._scratch.get(key)
         if buf is None:
