@@ -14,7 +14,8 @@ the full-depth token. Reported per scale and ``d``: ``top1`` (= the chains' per-
 ``top2`` and ``top4`` coverage (the full-depth token among the draft's 2 / 4 best), and the step
 model's speedups (:func:`rlt.spec.adaptive.async_steps_per_token`) — chains at acceptance ``top1``, and
 chains with one alternative per position, taken as chains at acceptance ``top2`` (an upper bound: the
-alternative rows' own cost and the switch to them are not counted) — at pipeline lags 0 and ``--lag``.
+alternative rows' own cost and the switch to them are not counted), and chains whose newest position runs
+the draft's four best (``wide``, at acceptance ``top4``, the same bound) — at pipeline lags 0 and ``--lag``.
 
 CPU, fp32 by default (``--dtype``); the 1.4B shapes take a few minutes per scale on two cores.
     python -m benchmarks.spec_draft_ranks --model ouro-1.4b --scales 0.01,0.004,0.002 --out 64
@@ -106,6 +107,7 @@ def main(argv=None) -> dict:
             for lag in sorted({0, args.lag}):
                 row[f"d{d}"][f"chain_speedup_lag{lag}"] = depth / chain_steps(d, depth, top1, lag)
                 row[f"d{d}"][f"alt_speedup_lag{lag}"] = depth / chain_steps(d, depth, top2, lag)
+                row[f"d{d}"][f"wide_speedup_lag{lag}"] = depth / chain_steps(d, depth, top4, lag)
         results.append(row)
         print(json.dumps(row), flush=True)
     if args.json:
