@@ -18,10 +18,13 @@ are fixed copies of their states, so replays repeat the same work):
 * ``seq-G``: G groups one after another on one stream (the cost of the split alone);
 * ``par-G``: G groups forked onto G streams inside one graph, joined at the end.
 
-Median of ``--reps`` medians of ``--iters`` replays after a warm-up, per G in ``--groups``. Each
+Median of ``--reps`` means of ``--iters`` replays after a warm-up, per G in ``--groups``. Each
 variant's outputs are checked against ``one`` (rows are independent: the same values up to kernel
-shape rounding). It measures and changes nothing; on CPU it runs the same calls eagerly (no streams)
-so its logic is tested. ::
+shape rounding) — which matters for ``par-G``: groups of one row count share the Triton decode
+attention's split scratch (one buffer per shape, safe on the engine's one stream), so parallel groups
+whose attention splits overwrite each other's partial sums and report a large error (lease 16: four
+groups of 16 rows). It measures and changes nothing; on CPU it runs the same calls eagerly (no
+streams) so its logic is tested. ::
 
     python -m benchmarks.row_split_overlap --rows 64 --prompt-len 1024 --out split.json
 """

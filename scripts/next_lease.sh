@@ -17,6 +17,8 @@
 # (a chain step 1.042x a plain one with the fused heads, 1.067x without). Lease 15 (H100s,
 # benchmarks/results/h100-20261207-lease15) ran hs (16384 x 8: the heads' default since) and mk (the persistent
 # GEMV-chain probe: 1.08 ms a loop against 1.40 for cuBLAS + elementwise; its stream alone at 97 % of the read rate).
+# Lease 16 (H100s, benchmarks/results/h100-20261207-lease16; six H200 starts refused) ran ov (rows in groups on
+# parallel streams: 1.28x one call, not built) and a (the whole suite: 222 passed).
 # Next lease, by priority:
 #   k128 (H200 only: C=128 1K/128, the lease-13 defaults against the old projection rows and attention tiles;
 #   K128_PART=b first — the default at 32K and 64K budgets, fullrows at 32K —, then a) > mk on an H200 (the probe
