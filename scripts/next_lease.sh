@@ -17,7 +17,7 @@
 # (a chain step 1.042x a plain one with the fused heads, 1.067x without). Lease 15 (H100s,
 # benchmarks/results/h100-20261207-lease15) ran hs (16384 x 8: the heads' default since) and mk (the persistent
 # GEMV-chain probe: 1.08 ms a loop against 1.40 for cuBLAS + elementwise; its stream alone at 97 % of the read rate).
-# Lease 16 (H100s, benchmarks/results/h100-20261207-lease16; six H200 starts refused) ran ov (rows in groups on
+# Lease 16 (H100s, benchmarks/results/h100-20261207-lease16; eleven H200 starts refused) ran ov (rows in groups on
 # parallel streams: 1.28x one call, not built) and a (the whole suite: 222 passed).
 # Next lease, by priority:
 #   k128 (H200 only: C=128 1K/128, the lease-13 defaults against the old projection rows and attention tiles;
