@@ -36,14 +36,15 @@ import gc
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from benchmarks.bench_model import NAMED_CONFIGS, write_random_checkpoint
+from benchmarks.roofline import timed
 from benchmarks.workload import EngineOptions, Workload, prompts_for
 from rlt.attention import AttentionMetadata, KVLayout
+from rlt.decode.batch import context_bucket
 from rlt.platform.sampling_params import SamplingParams
 
 
@@ -122,7 +123,7 @@ def variant(ex, bucket: int, context: int, x: torch.Tensor, rows: int, groups: i
     return run
 
 
-def timed(fn, cuda: bool, iters: int, reps: int) -> float:
+def ms_per_call(fn, cuda: bool, iters: int, reps: int) -> float:
     """Median over ``reps`` of the mean ms of ``iters`` calls (graph replays on CUDA), after a warm-up."""
     if cuda:
         fn()
@@ -132,17 +133,12 @@ def timed(fn, cuda: bool, iters: int, reps: int) -> float:
             fn()
         fn = g.replay
     fn()
-    meds = []
-    for _ in range(reps):
-        if cuda:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
+
+    def batch():
         for _ in range(iters):
             fn()
-        if cuda:
-            torch.cuda.synchronize()
-        meds.append(1e3 * (time.perf_counter() - t) / iters)
-    return statistics.median(meds)
+
+    return statistics.median(timed(batch, torch.device("cuda" if cuda else "cpu"), reps)) * 1e3 / iters
 
 
 def main(argv=None) -> dict:
@@ -173,21 +169,21 @@ def main(argv=None) -> dict:
     # the first ``rows`` entries of every static field are the step's rows (any larger bucket pads after them)
     bucket = args.rows
     f = ex.buffers.fields(bucket)
-    context = int(f.seq_len[: args.rows].max().item())
-    context = -(-context // 256) * 256
+    # the context bucket the engine's own graph of this step uses
+    context = context_bucket(int(f.seq_len[: args.rows].max().item()), engine.ctx.max_model_len)
     x = ex.states.index_select(0, f.state[: args.rows]).clone()
     report = {"rows": args.rows, "prompt_len": args.prompt_len, "context_bucket": context, "device":
               torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__, "variants": {}}
     ref = torch.empty_like(x)
     with torch.inference_mode():
-        ms = timed(variant(ex, bucket, context, x, args.rows, 1, False, ref), cuda, args.iters, args.reps)
+        ms = ms_per_call(variant(ex, bucket, context, x, args.rows, 1, False, ref), cuda, args.iters, args.reps)
         report["variants"]["one"] = {"ms": ms}
         print(f"one      {ms:8.3f} ms per loop step", flush=True)
         for groups in (int(g) for g in args.groups.split(",")):
             for parallel in (False, True):
                 out = torch.empty_like(x)
                 name = f"{'par' if parallel else 'seq'}-{groups}"
-                ms = timed(variant(ex, bucket, context, x, args.rows, groups, parallel, out), cuda, args.iters, args.reps)
+                ms = ms_per_call(variant(ex, bucket, context, x, args.rows, groups, parallel, out), cuda, args.iters, args.reps)
                 err = ((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
                 report["variants"][name] = {"ms": ms, "rel_err": err}
                 print(f"{name:8s} {ms:8.3f} ms per loop step  ({ms / report['variants']['one']['ms']:.3f}x one, "
