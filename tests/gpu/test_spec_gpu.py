@@ -76,6 +76,34 @@ def test_spec_fp32_greedy_exact_on_gpu(tiny_checkpoint, tmp_path, scale, overlap
 
 
 @pytest.mark.parametrize("decode", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("scale", [1.0, 0.2, 0.03])
+def test_wide_chains_fp32_greedy_exact_on_gpu(tiny_checkpoint, tmp_path, scale, decode):
+    """Wide chains (four candidates per new position, private KV blocks, the winner promoted on the
+    device) through the Triton backend, eagerly and replaying graphs: token-identical to plain
+    decoding, with candidates rescuing rejected drafts at scale 0.2."""
+    from rlt.decode.feature import FEATURES as DECODE
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    path = scale_loop_updates(tiny_checkpoint(seed=61), tmp_path / "ck", scale)
+    reqs = _reqs(5, [(8, 2), None, (4, 2), (8, 3), (2, 2), None])
+    want = _run(_engine(path, False, "float32"), reqs)
+    cfg = EngineConfig(model=str(path), dtype="float32", device="cuda", attention_backend="triton", block_size=16)
+    engine = build_engine(cfg, features=features() + (DECODE if decode else []),
+                          enabled={"self_spec": True, "async_self_spec": True},
+                          options={"self_spec": SpecOptions(adaptive=False, width=4)})
+    seen = []
+    engine.add_observer(type("Seen", (), {"on_step": lambda self, b, r: seen.append(
+        sum(type(x).__name__ == "CandidateRow" for x in b.rows))})())
+    got = _run(engine, reqs)
+    for rid, _, _ in reqs:
+        assert list(got[rid].token_ids) == list(want[rid].token_ids), rid
+    assert sum(seen) > 0
+    if decode:
+        steps = engine.ctx.parts.executor.describe()["steps"]
+        assert steps.get("graph_replays", 0) > 0, steps
+
+
+@pytest.mark.parametrize("decode", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlapped"])
 def test_spec_bf16_agreement_report(tmp_path, overlap, decode):
     from rlt.platform.checkpoint.tiny import write_tiny_checkpoint

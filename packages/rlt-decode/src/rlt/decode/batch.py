@@ -47,7 +47,9 @@ from rlt.platform.uva import mapped_copy_
 #: tokens the host has not read yet, or a device-only draft): the step gathers it from the resident
 #: token table at the entry held in ``token`` (the slot for a sampled token)
 #: ``state``: the row's entry in the executor's state table (``Row.state_index``; the slot for plain rows)
-I64 = ("token", "from_device", "slot", "state", "position", "slot_mapping", "plane0")
+#: ``table``: the row's page table in the device mirror (its slot's; for a row with ``Row.own_pages``, the
+#: mirror's entry ``num_slots + i`` for batch row ``i``)
+I64 = ("token", "from_device", "slot", "state", "table", "position", "slot_mapping", "plane0")
 I32 = ("seq_len", "depth", "loop", "min_loops", "max_loops", "threshold")
 
 
@@ -87,6 +89,7 @@ class DecodeFields:
     from_device: torch.Tensor
     slot: torch.Tensor
     state: torch.Tensor
+    table: torch.Tensor
     position: torch.Tensor
     slot_mapping: torch.Tensor
     plane0: torch.Tensor
@@ -149,9 +152,11 @@ class StaticDecodeBuffers:
         self.dev = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
         self._i64 = self.dev[: 8 * n64].view(torch.int64).view(len(I64), max_rows)
         self._i32 = self.dev[8 * n64:].view(torch.int32).view(len(I32), max_rows)
-        #: device mirror of the KV manager's page tables, per slot, and the host copy of what it holds
-        self.tables = torch.zeros((num_slots, planes, pages), dtype=torch.int32, device=device)
-        self._shadow = np.zeros((num_slots, planes, pages), dtype=np.int32)
+        #: device mirror of the KV manager's page tables, per slot, then one entry per batch row for rows
+        #: with page tables of their own (``Row.own_pages``), and the host copy of what it holds
+        self.num_slots = num_slots
+        self.tables = torch.zeros((num_slots + max_rows, planes, pages), dtype=torch.int32, device=device)
+        self._shadow = np.zeros((num_slots + max_rows, planes, pages), dtype=np.int32)
         self.qsl = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
         #: row indices, for :meth:`advance`'s padding
         self._rows = torch.arange(max_rows, device=device)
@@ -162,14 +167,21 @@ class StaticDecodeBuffers:
         v["threshold"] = v["threshold"].view(torch.float32)
         return DecodeFields(**v)
 
-    def sync_tables(self, host_tables: np.ndarray, slots: np.ndarray) -> None:
-        """Send the page tables of ``slots`` whose pages changed since they were last sent."""
+    def sync_tables(self, host_tables: np.ndarray, slots: np.ndarray, own: dict[int, np.ndarray] | None = None) -> None:
+        """Send the page tables of ``slots`` whose pages changed since they were last sent, and the
+        own page tables ``own`` (mirror entry -> table) that changed."""
         rows = host_tables[slots]
         changed = (rows != self._shadow[slots]).reshape(len(slots), -1).any(axis=1)
-        if changed.any():
-            dirty = np.unique(slots[changed])
-            self._shadow[dirty] = host_tables[dirty]
-            self.tables.index_copy_(0, to_device(dirty, self.device), to_device(host_tables[dirty], self.device))
+        dirty = np.unique(slots[changed])
+        self._shadow[dirty] = host_tables[dirty]
+        if own:
+            entries = np.fromiter(own, np.int64, len(own))
+            new = np.stack([own[int(e)] for e in entries])
+            diff = (new != self._shadow[entries]).reshape(len(entries), -1).any(axis=1)
+            self._shadow[entries[diff]] = new[diff]
+            dirty = np.concatenate([dirty, entries[diff]])
+        if len(dirty):
+            self.tables.index_copy_(0, to_device(dirty, self.device), to_device(self._shadow[dirty], self.device))
 
     def advance(self, bucket: int, num_rows: torch.Tensor, exited: torch.Tensor, block_size: int,
                 shared: bool) -> None:
@@ -303,8 +315,22 @@ class StaticBatchBuilder(Wrapped):
         tables = self.kv.block_tables
         plane = np.zeros_like(depth) if self.layout is KVLayout.SHARED else depth
         page, off = pos // bs, pos % bs
+        table = slots
+        own = None
+        if not plain and any(r.own_pages for r in rows):  # rows with page tables of their own
+            table = slots.copy()
+            own = {}
+            for i, r in enumerate(rows):
+                if r.own_pages:
+                    table[i] = self.buffers.num_slots + i
+                    own[int(table[i])] = r.block_table(tables)
         slot_mapping = tables[slots, plane, page].astype(np.int64) * bs + off
         plane0 = tables[slots, 0, page].astype(np.int64) * bs + off
+        if own is not None:
+            for i in np.nonzero(table != slots)[0]:
+                t = own[int(table[i])]
+                slot_mapping[i] = int(t[plane[i], page[i]]) * bs + off[i]
+                plane0[i] = int(t[0, page[i]]) * bs + off[i]
         t = self.slots
         adaptive = t.adaptive[slots]
         loop = depth + 1
@@ -312,10 +338,10 @@ class StaticBatchBuilder(Wrapped):
         min_loops = t.min_loops[slots].astype(np.int64)
         threshold = row_thresholds(t.threshold[slots], adaptive).view(np.int32)
         pad = np.concatenate([np.arange(n), np.zeros(bucket - n, np.int64)])  # padded rows repeat row 0
-        i64 = np.stack([token, from_device, slots, state, pos, slot_mapping, plane0])[:, pad]
+        i64 = np.stack([token, from_device, slots, state, table, pos, slot_mapping, plane0])[:, pad]
         i32 = np.stack([pos + 1, depth, loop, min_loops, max_loops,
                         threshold.astype(np.int64)]).astype(np.int64)[:, pad].astype(np.int32)
-        self.buffers.sync_tables(tables, slots)
+        self.buffers.sync_tables(tables, slots, own)
         self.buffers.upload(i64, i32)
         context = context_bucket(int(pos.max()) + 1, self.max_model_len)
         known = bool(exits_known(loop, min_loops, max_loops, adaptive).all())

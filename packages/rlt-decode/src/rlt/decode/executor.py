@@ -115,7 +115,7 @@ class StaticDecodeExecutor(Wrapped):
     def _loop_step(self, bucket: int, context: int):
         f = self.buffers.fields(bucket)
         pages = -(-context // self.kv.block_size)
-        tables = self.buffers.tables.index_select(0, f.slot)[:, :, :pages]
+        tables = self.buffers.tables.index_select(0, f.table)[:, :, :pages]
         meta = AttentionMetadata(
             query_start_loc=self.buffers.qsl[: bucket + 1], seq_lens=f.seq_len, query_depth=f.depth,
             block_tables=tables, slot_mapping=f.slot_mapping, plane0_slot_mapping=f.plane0,
@@ -190,7 +190,8 @@ class StaticDecodeExecutor(Wrapped):
                 if not self.use_graphs or len(self._graphs) >= self.max_graphs:
                     break
                 f = self.buffers.fields(bucket)
-                for t in (f.token, f.from_device, f.slot, f.state, f.position, f.slot_mapping, f.plane0, f.depth):
+                for t in (f.token, f.from_device, f.slot, f.state, f.table, f.position, f.slot_mapping, f.plane0,
+                          f.depth):
                     t.zero_()
                 for t in (f.seq_len, f.loop, f.min_loops, f.max_loops):
                     t.fill_(1)

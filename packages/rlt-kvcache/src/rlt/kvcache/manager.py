@@ -60,6 +60,8 @@ class KVCacheManager:
         self._namespace = namespace
         self.block_tables = np.zeros((max_num_seqs, num_planes, max_pages), dtype=np.int32)
         self._slots: dict[int, SlotPages] = {}
+        #: blocks taken out of the pool for good by :meth:`reserve` (one owner each)
+        self._reserved: list[int] = []
         self._step_pages: list[list[tuple[int, ...]]] = []
         #: chain key of a prompt page an admitted request is computing (not yet published) -> its slot
         self._inflight: dict[bytes, int] = {}
@@ -106,7 +108,7 @@ class KVCacheManager:
         return self.pages_for(num_positions) * self.planes_for(max_loops)
 
     def can_ever_fit(self, request) -> bool:
-        return self.blocks_for(request.max_positions, request.max_loops) <= self.num_blocks
+        return self.blocks_for(request.max_positions, request.max_loops) <= self.num_blocks - len(self._reserved)
 
     def num_pages(self, slot: int) -> int:
         sp = self._slots.get(slot)
@@ -176,6 +178,15 @@ class KVCacheManager:
         while self.pool.num_free < n:  # evict cached pages nobody holds, least recently used first
             self.pool.decref(self.index.pop_lru().blocks)
         return self.pool.take(n)
+
+    def reserve(self, n: int) -> list[int] | None:
+        """Take ``n`` free blocks out of the pool for good (a feature's private blocks, e.g.
+        rlt-spec's wide chains; cached pages are not evicted for them), or None when fewer are free."""
+        if n > self.pool.num_free:
+            return None
+        blocks = self.pool.take(n)
+        self._reserved.extend(blocks)
+        return blocks
 
     def _append_pages(self, slot: int, sp: SlotPages, blocks: list[int]) -> None:
         first = len(sp.pages)
@@ -289,6 +300,7 @@ class KVCacheManager:
                     raise KVAuditError(f"slot {slot} page {i}: block table disagrees with its pages")
             if len(set(b for p in sp.pages for b in p)) != len(sp.pages) * sp.planes:
                 raise KVAuditError(f"slot {slot} holds one block twice")
+        owners.update(self._reserved)
         evictable_blocks = 0
         if self.index is not None:
             for e in self.index.entries.values():

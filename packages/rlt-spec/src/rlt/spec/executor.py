@@ -43,8 +43,9 @@ from rlt.platform.engine.interfaces import StepResult
 from rlt.platform.engine.sampler import argmax_only
 from rlt.platform.engine.staging import to_device
 from rlt.spec.heads import fused_heads_usable, greedy_heads
-from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, SpecStepResult, row_column
+from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, CandidateRow, SpecStepResult, row_column
 from rlt.spec.verify import Checked
+from rlt.spec.wide import promote_winners, sync_pages, wide_accepted
 
 _NEVER_EXIT = 1 << 30
 log = logging.getLogger("rlt.spec")
@@ -126,21 +127,27 @@ class LaggedSpecStep:
 
 
 class SpeculativeExecutor(EagerExecutor):
-    def __init__(self, *, max_drafts: int, **kw) -> None:
+    def __init__(self, *, max_drafts: int, width: int = 1, block_tables: np.ndarray | None = None, **kw) -> None:
         super().__init__(**kw)
         n, h = self.hidden.shape
         self.max_drafts = max_drafts
         #: ring entries per slot: a round's K + 1 positions, or a chain's in-flight positions
         self.ring = max_drafts + 1
-        #: one state table: the per-slot states, then ``ring`` entries per slot (:func:`ring_entry`), so
+        #: wide chains' candidates per position (:mod:`rlt.spec.wide`; 1: none) and the KV manager's
+        #: host page tables (a first row's page, a winner's destination)
+        self.width = width
+        self.block_tables = block_tables
+        #: one state table: the per-slot states, then ``ring`` entries per slot (:func:`ring_entry`), then
+        #: ``width`` candidate entries per slot when chains are wide (:func:`rlt.spec.rows.wide_entry`), so
         #: that a static decode path (rlt-decode) addresses a chain row's state like any row's
-        self.state_table = torch.zeros(n * (1 + self.ring), h, dtype=self.hidden.dtype, device=self.device)
+        entries = n * (1 + self.ring) + (n * width if width > 1 else 0)
+        self.state_table = torch.zeros(entries, h, dtype=self.hidden.dtype, device=self.device)
         self.hidden = self.state_table[:n]
         self.draft_q: torch.Tensor | None = None
         #: the token table (``Executor.token_table``, the same layout as the state table): per slot
         #: the last token sampled for it, then per ring entry the draft its row made — what a chain
         #: row's successor embeds, and what its own check judges, without the host reading it
-        self.token_table = torch.zeros(n * (1 + self.ring), dtype=torch.int64, device=self.device)
+        self.token_table = torch.zeros(entries, dtype=torch.int64, device=self.device)
         #: per slot: a check of its current chain rejected (the chain's later rows ran on a wrong
         #: token: their checks are invalid); cleared by the next chain's first row
         self.dead = torch.zeros(n, dtype=torch.bool, device=self.device)
@@ -154,9 +161,10 @@ class SpeculativeExecutor(EagerExecutor):
         self.fused_heads_off = ""
 
     @classmethod
-    def from_context(cls, ctx, *, max_drafts: int) -> "SpeculativeExecutor":
+    def from_context(cls, ctx, *, max_drafts: int, width: int = 1) -> "SpeculativeExecutor":
         return cls(model=ctx.model, kv=ctx.cache, attention=ctx.attention, sampler=ctx.parts.sampler,
-                   max_num_seqs=ctx.max_num_seqs, device=ctx.device, max_drafts=max_drafts)
+                   max_num_seqs=ctx.max_num_seqs, device=ctx.device, max_drafts=max_drafts, width=width,
+                   block_tables=ctx.parts.kv_manager.block_tables)
 
     def _q_buffer(self) -> torch.Tensor:
         if self.draft_q is None:
@@ -247,7 +255,8 @@ class SpeculativeExecutor(EagerExecutor):
         heads = np.concatenate([sampled, drafting, checking])
         if not len(heads):
             return LaggedSpecStep(shape, None)
-        if not self.fused_heads_off and fused_heads_usable(last) and argmax_only(self.sampler.table, b.slots[heads]):
+        wide = any(b.rows[i].width > 1 for i in np.concatenate([drafting, checking]))
+        if not wide and not self.fused_heads_off and fused_heads_usable(last) and argmax_only(self.sampler.table, b.slots[heads]):
             chain_rows = [b.rows[i] for i in np.concatenate([drafting, checking])]
             try:
                 packed = greedy_heads(self.model, last, sampled=sampled, drafting=drafting, checking=checking,
@@ -333,13 +342,16 @@ class SpeculativeExecutor(EagerExecutor):
         return chain[b.depth[chain] + 1 == d], chain[b.fixed_exit[chain]]
 
     def _chain_device(self, b, drafting: np.ndarray, checking: np.ndarray, last: torch.Tensor) -> ChainHeads:
-        """Chain rows' heads (:meth:`_chain_rows`), on the device only: rows reaching depth ``d``
+        """Chain rows' heads (:meth:`_chain_rows`), on the device only: rows reaching full depth
+        (``checking``) check the draft at their entry — a wide chain's row any of the next
+        position's candidates (:mod:`rlt.spec.wide`) —, then rows reaching depth ``d``
         (``drafting``) draft the next token into the token table at their entries (``q`` into the
-        ring); rows reaching full depth (``checking``) check the draft at their entry (one LM-head
-        call for both). A check is *valid* unless an earlier check of its slot rejected since the
-        slot's chain began (its row then ran on a wrong token): a valid rejection sets the flag, and
-        only valid checks write their token to the slot's entry (what the next step embeds)."""
-        heads = np.concatenate([drafting, checking])
+        ring); a wide chain's first row its ``W`` best into the candidates' entries, its candidates
+        theirs, of which the winner's are kept (one LM-head call for all). A check is *valid*
+        unless an earlier check of its slot rejected since the slot's chain began (its row then ran
+        on a wrong token): a valid rejection sets the flag, and only valid checks write their token
+        to the slot's entry (what the next step embeds, and what picks a wide position's winner)."""
+        heads = np.concatenate([checking, drafting])
         out = ChainHeads(checking)
         if not len(heads):
             return out
@@ -352,22 +364,80 @@ class SpeculativeExecutor(EagerExecutor):
         num_prompt = np.fromiter((r.request.num_prompt for r in rows), np.int64, len(rows))
         offsets = b.row_start[heads] + 1 - num_prompt - self.sampler.table.num_generated[slots]
         logits = self.model.coda(last.index_select(0, self._dev(heads)))
-        nd = len(drafting)
-        if nd:
-            tokens, q = self.sampler.draft(logits[:nd], slots[:nd], offsets[:nd])
-            self.token_table[entries[:nd]] = tokens
-            if q is not None:
-                self._q_buffer()[self._dev(slots[:nd]), self._dev(ring[:nd])] = q
-        if len(checking):
-            s_dev = self._dev(slots[nd:])
+        nc = len(checking)
+        if nc:
+            s_dev = self._dev(slots[:nc])
             q = None
-            if self.slots_random(slots[nd:]):
-                q = self._q_buffer()[s_dev, self._dev(ring[nd:])]
-            out.check = self.sampler.check(logits[nd:], slots[nd:], offsets[nd:], self.token_table[entries[nd:]], q)
+            if self.slots_random(slots[:nc]):
+                q = self._q_buffer()[s_dev, self._dev(ring[:nc])]
+            width = row_column(rows[:nc], "width", 1, np.int64)
+            wide = np.nonzero(width > 1)[0]
+            drafts = self.token_table[entries[:nc]]
+            if len(wide):  # a wide row's drafts: the next position's candidates (the first one here)
+                cand = self._dev(np.stack([rows[i].candidates for i in wide]))
+                drafts[self._dev(wide)] = self.token_table[cand[:, 0]]
+            check = self.sampler.check(logits[:nc], slots[:nc], offsets[:nc], drafts, q)
+            if len(wide):
+                accepted = check.accepted.clone()
+                accepted[self._dev(wide)] = wide_accepted(self.token_table[cand], check.token_ids[self._dev(wide)])
+                check = attrs.evolve(check, accepted=accepted)
+            out.check = check
             out.valid = ~self.dead[s_dev]
             self.dead[s_dev] = self.dead[s_dev] | (out.valid & ~out.check.accepted)
             self.token_table[s_dev] = torch.where(out.valid, out.check.token_ids, self.token_table[s_dev])
+        if len(drafting):
+            self._drafts(b, rows[nc:], slots[nc:], entries[nc:], ring[nc:], offsets[nc:], logits[nc:])
         return out
+
+    def _drafts(self, b, rows, slots, entries, ring, offsets, logits) -> None:
+        """The drafting chain rows' heads (:meth:`_chain_device`): plain chains' rows draft one token
+        at their entries; a wide chain's first row and candidates as :mod:`rlt.spec.wide` says."""
+        kind = np.fromiter((2 if isinstance(r, CandidateRow) else int(r.width > 1) for r in rows), np.int8, len(rows))
+        narrow = np.nonzero(kind == 0)[0]
+        if len(narrow):
+            sel = self._dev(narrow)
+            tokens, q = self.sampler.draft(logits[sel], slots[narrow], offsets[narrow])
+            self.token_table[entries[sel]] = tokens
+            if q is not None:
+                self._q_buffer()[self._dev(slots[narrow]), self._dev(ring[narrow])] = q
+        bs = self.kv.block_size
+        first = np.nonzero(kind == 1)[0]
+        if len(first):  # the candidates' inputs, and the page below d into their private blocks
+            cand = self._dev(np.stack([rows[i].candidates for i in first]))
+            self.token_table[cand.view(-1)] = logits[self._dev(first)].topk(self.width, dim=-1).indices.reshape(-1)
+            src, dst = [], []
+            for i in first:
+                r = rows[i]
+                lane = np.asarray(r.lane, np.int64)  # [W, d]
+                if (r.start + 1) % bs:  # the next position shares the page: its earlier entries
+                    src.append(self.block_tables[r.slot, : lane.shape[1], r.start // bs])
+                    dst.append(lane.T)
+            if src:
+                sync_pages(self.kv, np.concatenate(src), np.concatenate(dst), self.device)
+        cands = np.nonzero(kind == 2)[0]
+        if len(cands):
+            order = np.asarray(sorted(cands, key=lambda i: (rows[i].slot, rows[i].candidate)), np.int64)
+            planes = np.fromiter((len(rows[i].lane[0]) for i in order), np.int64, len(order))
+            for p in np.unique(planes):  # one draft depth per call (one, but for requests' own draft_loops)
+                self._promote([rows[i] for i in order[planes == p]], logits[self._dev(order[planes == p])])
+
+    def _promote(self, rows, logits) -> None:
+        """Candidates (``rows``, slot by slot in candidate order) that reached depth ``d``: their
+        winners (:func:`rlt.spec.wide.promote_winners`)."""
+        if len(rows) % self.width or any(r.candidate != j % self.width for j, r in enumerate(rows)):
+            raise RuntimeError("a wide chain's candidates must reach depth d together, all of them")
+        group = rows[:: self.width]
+        bs = self.kv.block_size
+        pos = np.fromiter((r.start for r in group), np.int64, len(group))
+        slots = np.fromiter((r.slot for r in group), np.int64, len(group))
+        p = len(group[0].lane[0])
+        promote_winners(
+            kv=self.kv, state_table=self.state_table, token_table=self.token_table, logits=logits, slots=slots,
+            candidate_entries=np.asarray([r.candidates for r in group], np.int64),
+            chain_entries=np.fromiter((r.chain_entry for r in group), np.int64, len(group)),
+            private=np.asarray([r.lane for r in group], np.int64),
+            canonical=self.block_tables[slots[:, None], np.arange(p)[None, :], (pos // bs)[:, None]].astype(np.int64),
+            offsets=pos % bs, device=self.device)
 
     def _draft(self, b, rows: np.ndarray, last: torch.Tensor) -> np.ndarray:
         """The next drafts of draft rows that reached depth d (-1 for a round's last position);

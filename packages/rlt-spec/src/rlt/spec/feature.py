@@ -86,9 +86,17 @@ class SpecOptions:
                 "(a rejection is read this many steps late; the pipeline's --pipeline-depth when smaller; "
                 f"default {CHAIN_LAG}: measured faster than depth 2 for chains on the H200, docs/spec.md)"})
 
+    width: int = attrs.field(default=1, metadata={
+        "help": "overlapped chains of greedy requests run each new position as this many candidates, the draft's "
+                "best tokens, until the draft depth; the one that ran the full-depth token goes on (1: plain chains; "
+                "needs draft_loops >= half the depth; docs/spec.md, 'Wide chains')"})
+    wide_lanes: int = attrs.field(default=8, metadata={
+        "help": "requests that may run wide chains at once (each holds width private KV blocks per draft-depth plane, "
+                "reserved at startup)"})
+
     def __attrs_post_init__(self) -> None:
         for name, lo in (("num_tokens", 0), ("draft_loops", 0), ("max_num_tokens", 1), ("probe_interval", 1),
-                         ("max_running", 0), ("chain_lag", 0)):
+                         ("max_running", 0), ("chain_lag", 0), ("width", 1), ("wide_lanes", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < lo:
                 raise ConfigError(f"--self-spec-{name.replace('_', '-')}: must be an integer >= {lo}, got {value!r}")
@@ -101,6 +109,13 @@ class SpecOptions:
             raise ConfigError(f"--self-spec-min-gain: must be >= 0, got {self.min_gain}")
         if self.step_cost is not None and not self.step_cost > 0:
             raise ConfigError(f"--self-spec-step-cost: must be > 0, got {self.step_cost}")
+
+    def reserved_kv_blocks(self, *, num_loops: int, max_num_seqs: int, features) -> int:
+        """The KV blocks wide chains' lanes take out of the pool (the engine sizes the pool for them):
+        per lane, ``width`` private blocks per plane below the model's depth."""
+        if self.width < 2 or "async_self_spec" not in features:
+            return 0
+        return min(max_num_seqs, self.wide_lanes) * self.width * (num_loops - 1)
 
     def summary(self) -> str:
         k = f"K={self.num_tokens} for every request" if self.num_tokens else "per-request opt-in"
@@ -153,6 +168,14 @@ def verdict_lag(ctx, options: SpecOptions) -> int:
     return min(int(getattr(f["pipeline"], "depth", 0)), options.chain_lag) if chains_lagged(f) else 0
 
 
+def wide_width(ctx, options: SpecOptions) -> int:
+    """Candidates per new position of a wide chain in this engine: ``options.width`` with overlapped
+    chains on a model without boundary layers (their KV would need private blocks too), else 1."""
+    if options.width > 1 and "async_self_spec" in ctx.feature_options and not ctx.model.shape.num_boundary_layers:
+        return options.width
+    return 1
+
+
 def install(builder, options: SpecOptions) -> None:
     def scheduler(ctx, inner):
         # at build time: every enabled feature's options are known by then (install order is by name)
@@ -160,12 +183,14 @@ def install(builder, options: SpecOptions) -> None:
         resolved = attrs.evolve(options, step_cost=options.resolved_step_cost(ctx.feature_options))
         return SpeculativeScheduler(inner, options=resolved, kv=ctx.parts.kv_manager, num_loops=ctx.num_loops,
                                     max_num_batched_tokens=ctx.max_num_batched_tokens, num_slots=ctx.max_num_seqs,
-                                    overlap="async_self_spec" in ctx.feature_options, lag=verdict_lag(ctx, options))
+                                    overlap="async_self_spec" in ctx.feature_options, lag=verdict_lag(ctx, options),
+                                    width=wide_width(ctx, options))
 
     builder.wrap("scheduler", scheduler)
     builder.wrap("sampler", lambda ctx, inner: SpeculativeSampler(inner, slots=ctx.parts.slots,
                                                                     uploader=ctx.parts.uploader))
-    builder.replace("executor", lambda ctx: SpeculativeExecutor.from_context(ctx, max_drafts=options.max_num_tokens))
+    builder.replace("executor", lambda ctx: SpeculativeExecutor.from_context(ctx, max_drafts=options.max_num_tokens,
+                                                                             width=wide_width(ctx, options)))
 
 
 def install_async(builder, options) -> None:

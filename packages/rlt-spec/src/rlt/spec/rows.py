@@ -18,6 +18,14 @@ request's loops; at depth ``draft_loops`` the executor drafts the next token fro
 chain row starts from that draft in the following step, while this one keeps looping), and at full
 depth it checks its own draft and yields exactly one token. A request may own several chain rows
 of one step, one per in-flight position, at different depths.
+
+Wide chains (``--self-spec-width W``): the newest position runs the draft's ``W`` best tokens as
+``W`` :class:`CandidateRow` s until they reach depth ``d``; then the candidate that ran the
+full-depth token (the previous position's check, on the device) becomes the position's chain row
+— its state, next drafts and draft-depth KV copied where the chain row reads them — so a draft
+that is not the draft's first choice but among its ``W`` best is no longer a restart
+(docs/spec.md, "Wide chains"). Each candidate keeps its draft-depth KV in private blocks
+(``Row.own_pages``: its slot's page table with the position's page replaced below depth ``d``).
 """
 
 from __future__ import annotations
@@ -38,6 +46,13 @@ def ring_entry(num_slots: int, ring: int, slot: int, position: int) -> int:
     ring``). The in-flight rows of one request hold consecutive positions, at most
     ``ring`` of them, so their entries never collide."""
     return num_slots + slot * ring + position % ring
+
+
+def wide_entry(num_slots: int, ring: int, width: int, slot: int, candidate: int) -> int:
+    """The state-table (and token-table) entry of ``slot``'s wide-chain candidate ``candidate``:
+    past the per-slot states and the rings, ``width`` entries per slot. The token table holds the
+    candidate's input token there (the drafts its position runs), the state table its state."""
+    return num_slots * (1 + ring) + slot * width + candidate
 
 
 #: ``SpecRow.token`` values that are not tokens: the request's own last token, a device-only draft
@@ -113,6 +128,34 @@ class ChainRow(SpecRow):
     #: rows, read late, are told apart)
     chain: int = 0
     first: bool = False
+    #: candidates per new position (> 1: a wide chain; its check judges the full-depth token against
+    #: every candidate of the next position, on the device at the slot's ``wide_entry`` s)
+    width: int = 1
+    #: a wide chain's private blocks: per candidate, per draft-depth plane, one block
+    lane: tuple[tuple[int, ...], ...] = ()
+    #: a wide chain's candidate entries (``wide_entry``, per candidate)
+    candidates: tuple[int, ...] = ()
+
+
+@attrs.frozen(eq=False)
+class CandidateRow(ChainRow):
+    """Candidate ``candidate`` of a wide chain's newest position (module docstring): a depth < d
+    row whose input is its draft (the token table at its entry, which is also its state's entry)
+    and whose KV at the position's page, below depth ``d``, lives in its private blocks."""
+
+    own_pages: ClassVar[bool] = True
+    candidate: int = 0
+    #: the state entry of the position's chain row (where the winner's state goes)
+    chain_entry: int = 0
+
+    def block_table(self, tables: np.ndarray) -> np.ndarray:
+        t = tables[self.slot].copy()
+        private = self.lane[self.candidate]
+        t[: len(private), self.start // self.block_size] = private
+        return t
+
+    #: the KV pool's block size (the page of the row's position)
+    block_size: int = 16
 
 
 def row_column(rows: Sequence[Row], name: str, default, dtype) -> np.ndarray:

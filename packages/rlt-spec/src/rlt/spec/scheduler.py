@@ -34,6 +34,13 @@ While a request's round or chain is open it is held against preemption
 executor's state table, which a preempting policy cannot save; between rounds it is preemptible
 like any decode request (a swapped or recomputed request resumes from its recorded tokens).
 
+Wide chains (``--self-spec-width W`` > 1): a greedy request whose draft depth is at least half
+its depth (a position's check must come no later than the next position's drafts) and that holds
+one of the ``lanes`` (each ``W`` private blocks per draft-depth plane, reserved from the KV pool at
+startup; a request keeps its lane until it finishes) runs each new position as ``W`` candidate rows
+until depth ``d`` (:class:`rlt.spec.rows.CandidateRow`), then as its chain row; other requests run
+plain chains. The host's view is unchanged: one row per position, one verdict per check.
+
 Per-request checks (:meth:`add`): speculation with adaptive exit, ``draft_loops`` not below the
 request's depth, K above the engine cap or the step budget are refused, naming the setting; so is
 speculation asked for by a request with repetition / frequency / presence penalties (each verified
@@ -54,7 +61,8 @@ from rlt.platform.engine.interfaces import Row, StepPlan, StepResult, Wrapped
 from rlt.platform.engine.request import Request
 from rlt.platform.errors import InvalidRequestError
 from rlt.spec.adaptive import AcceptanceTracker
-from rlt.spec.rows import CHAIN, ON_DEVICE, PLAIN, VERIFY, ChainRow, DraftRow, VerifyRow, ring_entry, row_column
+from rlt.spec.rows import (CHAIN, ON_DEVICE, PLAIN, VERIFY, CandidateRow, ChainRow, DraftRow, VerifyRow, ring_entry,
+                           row_column, wide_entry)
 from rlt.spec.stats import SpecStats
 
 #: this feature's name in ``Request.preemption_holds``
@@ -81,8 +89,21 @@ class SpeculativeScheduler(Wrapped):
     accepts_speculation = True
 
     def __init__(self, inner, *, options, kv, num_loops: int, max_num_batched_tokens: int, num_slots: int,
-                 overlap: bool = False, lag: int = 0) -> None:
+                 overlap: bool = False, lag: int = 0, width: int = 1) -> None:
         super().__init__(inner)
+        #: wide chains' candidates per position (1: plain chains only) and the lanes of private blocks
+        #: (per lane, per candidate, per plane below the model's depth), free ones and each request's
+        self.width = width if overlap else 1
+        self.lanes_free: list[tuple[tuple[int, ...], ...]] = []
+        self.lanes: "weakref.WeakKeyDictionary[Request, tuple]" = weakref.WeakKeyDictionary()
+        if self.width > 1:
+            per_lane = self.width * (num_loops - 1)
+            for _ in range(min(num_slots, options.wide_lanes)):
+                blocks = kv.reserve(per_lane) if hasattr(kv, "reserve") else None
+                if blocks is None:
+                    break
+                self.lanes_free.append(tuple(tuple(blocks[j * (num_loops - 1):(j + 1) * (num_loops - 1)])
+                                             for j in range(self.width)))
         #: steps until a chain's verdict is read (chains read back lagged: the pipeline's depth, at most
         #: ``options.chain_lag``: :attr:`max_in_flight`)
         self.lag = lag
@@ -117,7 +138,7 @@ class SpeculativeScheduler(Wrapped):
         a chain has at most ``ring`` rows in flight and at most one per loop (rows start at least
         one loop apart). Adaptive K with the ``max_running`` gate lets at most ``max_running``
         requests speculate at once. All within the step budget."""
-        per_request = min(self.ring, self.num_loops) if self.overlap else self.ring
+        per_request = min(self.ring, self.num_loops) + self.width - 1 if self.overlap else self.ring
         o = self.options
         speculating = self.num_slots if not (o.adaptive and o.max_running) else min(self.num_slots, o.max_running)
         return max(1, min(self.budget, self.num_slots + speculating * (per_request - 1)))
@@ -167,6 +188,9 @@ class SpeculativeScheduler(Wrapped):
             self.trackers[request] = tracker
 
     def finish(self, request: Request) -> None:
+        lane = self.lanes.pop(request, None)
+        if lane is not None:
+            self.lanes_free.append(lane)
         self.rounds.pop(request, None)
         self.chains.pop(request, None)
         self.trackers.pop(request, None)
@@ -255,7 +279,8 @@ class SpeculativeScheduler(Wrapped):
             self._chain_ids += 1
             chain = Chain(row, [ChainRow(req, row.slot, row.start, 1, 0, samples=False, in_prompt=False,
                                          draft_loops=tracker.draft_loops, state=self._entry(row.slot, row.start),
-                                         chain=self._chain_ids, first=True)], id=self._chain_ids)
+                                         chain=self._chain_ids, first=True, **self._wide(req, row.slot, tracker))],
+                          id=self._chain_ids)
             self.chains[req] = chain
             self._hold(req)
         chain.plain = row
@@ -263,13 +288,43 @@ class SpeculativeScheduler(Wrapped):
         n = len(chain.rows)
         # the newest row has drafted (it ran loop d) — its draft is on the device, where the new row
         # embeds it; every row in flight or unconfirmed yields a token: never past max_tokens
-        if (last.depth >= last.draft_loops and allowed and n < room and n <= tracker.current_k()
+        if (last.depth >= last.draft_loops and allowed and n + last.width - 1 < room and n <= tracker.current_k()
                 and n + chain.unconfirmed < req.max_tokens - req.num_produced
                 and self.kv.grow(row.slot, req, last.start + 2)):
             chain.rows.append(ChainRow(req, row.slot, last.start + 1, 1, 0, samples=False, in_prompt=False,
                                        draft_loops=last.draft_loops, token=ON_DEVICE, token_entry=last.state,
-                                       state=self._entry(row.slot, last.start + 1), chain=chain.id))
-        return chain.rows[: max(1, room)]
+                                       state=self._entry(row.slot, last.start + 1), chain=chain.id,
+                                       width=last.width, lane=last.lane, candidates=last.candidates))
+        out: list[Row] = []
+        for r in chain.rows:  # a whole position or none (rows past the budget wait: a suffix)
+            rows = self._candidates(r) if r.width > 1 and not r.first and r.depth < r.draft_loops else [r]
+            if out and len(out) + len(rows) > room:
+                break
+            out.extend(rows)
+        return out
+
+    def _wide(self, req: Request, slot: int, tracker: AcceptanceTracker) -> dict:
+        """A new chain's wide fields: a lane (the request's, or a free one) when the request can run
+        wide (greedy, draft depth at least half its depth), else none (a plain chain)."""
+        d = tracker.draft_loops
+        if self.width < 2 or req.params.temperature > 0 or 2 * d < req.max_loops:
+            return {}
+        lane = self.lanes.get(req)
+        if lane is None:
+            if not self.lanes_free:
+                return {}
+            lane = self.lanes[req] = self.lanes_free.pop()
+        return {"width": self.width, "lane": tuple(blocks[:d] for blocks in lane),
+                "candidates": tuple(wide_entry(self.num_slots, self.ring, self.width, slot, j)
+                                    for j in range(self.width))}
+
+    def _candidates(self, row: ChainRow) -> list[Row]:
+        """A wide chain's newest position below depth d: one row per candidate."""
+        return [CandidateRow(row.request, row.slot, row.start, 1, row.depth, samples=False, in_prompt=False,
+                             draft_loops=row.draft_loops, token=ON_DEVICE, token_entry=entry, state=entry,
+                             chain=row.chain, width=row.width, lane=row.lane, candidates=row.candidates,
+                             candidate=j, chain_entry=row.state, block_size=self.kv.block_size)
+                for j, entry in enumerate(row.candidates)]
 
     def _entry(self, slot: int, position: int) -> int:
         return ring_entry(self.num_slots, self.ring, slot, position)

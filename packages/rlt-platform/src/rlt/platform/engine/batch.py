@@ -61,6 +61,16 @@ def _column(rows: Sequence[Row], name: str, dtype) -> np.ndarray:
     return np.fromiter((getattr(r, name) for r in rows), dtype, len(rows))
 
 
+def row_block_tables(rows: Sequence[Row], slots: np.ndarray, tables: np.ndarray) -> np.ndarray:
+    """Each row's page table ``[R, planes, pages]``: its slot's, or its own for a row type with
+    ``Row.own_pages``."""
+    out = tables[slots]
+    for i, r in enumerate(rows):
+        if r.own_pages:
+            out[i] = r.block_table(tables)
+    return out
+
+
 class RowBatchBuilder:
     def __init__(self, *, kv, slots, uploader, layout: KVLayout) -> None:
         self.kv = kv
@@ -100,9 +110,9 @@ class RowBatchBuilder:
         bs = self.kv.block_size
         page, off = tok_pos // bs, tok_pos % bs
         plane = np.zeros_like(depth) if self.layout is KVLayout.SHARED else depth
-        tables = self.kv.block_tables
-        slot_mapping = tables[slots[tok_row], plane[tok_row], page].astype(np.int64) * bs + off
-        plane0 = tables[slots[tok_row], 0, page].astype(np.int64) * bs + off
+        row_tables = row_block_tables(rows, slots, self.kv.block_tables)
+        slot_mapping = row_tables[tok_row, plane[tok_row], page].astype(np.int64) * bs + off
+        plane0 = row_tables[tok_row, 0, page].astype(np.int64) * bs + off
         seq_lens = starts + lens
 
         t = self.slots
@@ -113,7 +123,7 @@ class RowBatchBuilder:
 
         dev = self.uploader.upload({
             "query_start_loc": cu.astype(np.int32), "seq_lens": seq_lens.astype(np.int32),
-            "query_depth": depth.astype(np.int32), "block_tables": tables[slots],
+            "query_depth": depth.astype(np.int32), "block_tables": row_tables,
             "slot_mapping": slot_mapping, "plane0": plane0, "token_query_depth": depth[tok_row].astype(np.int32),
             "positions": tok_pos.astype(np.int64), "embed_ids": embed_ids,
             "row_last_token": (cu[1:] - 1).astype(np.int64), "slots": slots,

@@ -31,6 +31,18 @@ def _kv_blocks(config: EngineConfig, platform: Platform, bytes_per_block: int, f
     return max(1, min(full_need, budget // bytes_per_block))
 
 
+def reserved_kv_blocks(feature_options: Mapping[str, Any], num_loops: int, max_num_seqs: int) -> int:
+    """Blocks enabled features take out of the KV pool for good (``KVManager.reserve``), which the
+    pool's size adds to what every slot can need: each feature's options may say how many
+    (``reserved_kv_blocks(num_loops=, max_num_seqs=, features=)``; rlt-spec's wide chains)."""
+    total = 0
+    for opts in feature_options.values():
+        fn = getattr(opts, "reserved_kv_blocks", None)
+        if callable(fn):
+            total += int(fn(num_loops=num_loops, max_num_seqs=max_num_seqs, features=frozenset(feature_options)))
+    return total
+
+
 def attention_constraints(config: EngineConfig) -> dict[str, Any]:
     """What the engine declares to the attention selector about its KV semantics."""
     return {"block_size": config.block_size, "kv_layout": config.kv_layout, "adaptive_exit": not config.fixed_depth}
@@ -71,7 +83,8 @@ def build_context(config: EngineConfig, platform: Platform, feature_options: Map
     bpb = KVCache.bytes_per_block(num_layers=layers, block_size=config.block_size,
                                   num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=dtype)
     pages = -(-max_model_len // config.block_size)
-    num_blocks = _kv_blocks(config, platform, bpb, config.max_num_seqs * pages * planes)
+    num_blocks = _kv_blocks(config, platform, bpb, config.max_num_seqs * pages * planes
+                            + reserved_kv_blocks(feature_options or {}, num_loops, config.max_num_seqs))
     kv_kw = dict(num_blocks=num_blocks, block_size=config.block_size, num_kv_heads=shape.num_kv_heads,
                  head_dim=shape.head_dim, dtype=dtype, device=device)
     cache = KVCache.allocate(num_layers=shape.num_layers, num_planes=planes, layout=config.kv_layout, **kv_kw)

@@ -107,6 +107,16 @@ class Row:
     #: whose loops need other inputs (a speculative verification row) sets it False.
     static_decode: ClassVar[bool] = True
 
+    #: a row of this type reads and writes KV through a page table of its own (:meth:`block_table`)
+    #: rather than its slot's: rlt-spec's wide-chain candidates, several rows of one request at one
+    #: position whose draft-depth KV must stay apart (private blocks in place of the slot's page)
+    own_pages: ClassVar[bool] = False
+
+    def block_table(self, tables: np.ndarray) -> np.ndarray:
+        """The row's page table ``[planes, pages]`` given the KV manager's ``block_tables``: its
+        slot's (a row type with ``own_pages`` substitutes blocks of its own)."""
+        return tables[self.slot]
+
     @property
     def state_index(self) -> int:
         """The row's entry in the executor's state table (``Executor.state_table``) between loops:
@@ -253,7 +263,9 @@ class KVManager(Protocol):
     ``grow`` extends a running request's allocation (incremental managers; the base one allocates
     everything at admission, so ``grow`` is a no-op that returns True); ``match_prefix`` returns
     how many leading prompt positions already have KV (0 without a prefix cache); ``free``
-    releases a slot's blocks.
+    releases a slot's blocks. A manager may also offer ``reserve(n) -> list[int] | None``: take
+    ``n`` free blocks out of the pool for good, for a feature's private use (rlt-spec's wide chains;
+    both in-tree managers do).
     """
 
     block_size: int

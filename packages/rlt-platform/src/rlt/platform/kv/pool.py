@@ -65,6 +65,7 @@ class PagedKVManager:
         self.allocator = BlockAllocator(num_blocks)
         self.block_tables = np.zeros((max_num_seqs, num_planes, max_pages), dtype=np.int32)
         self._owned: dict[int, list[int]] = {}
+        self._reserved: list[int] = []
 
     @classmethod
     def from_context(cls, ctx) -> "PagedKVManager":
@@ -91,7 +92,7 @@ class PagedKVManager:
         return -(-num_positions // self.block_size) * self.planes_for(max_loops)
 
     def can_ever_fit(self, request) -> bool:
-        return self.blocks_for(request.max_positions, request.max_loops) <= self.num_blocks
+        return self.blocks_for(request.max_positions, request.max_loops) <= self.num_blocks - len(self._reserved)
 
     def allocate(self, slot: int, request) -> bool:
         """Allocate every page ``request`` can ever touch, or nothing (returns False)."""
@@ -117,3 +118,12 @@ class PagedKVManager:
     def free(self, slot: int) -> None:
         self.allocator.free(self._owned.pop(slot, ()))
         self.block_tables[slot] = 0
+
+    def reserve(self, n: int) -> list[int] | None:
+        """Take ``n`` free blocks out of the pool for good (a feature's private blocks, e.g.
+        rlt-spec's wide chains), or None when fewer are free."""
+        if n > self.num_free:
+            return None
+        blocks = self.allocator.allocate(n)
+        self._reserved.extend(blocks)
+        return blocks

@@ -1,0 +1,93 @@
+"""Wide chains on the device: the heads of a wide chain's drafting rows, the choice of the
+candidate that ran the right token, and the KV copies that keep candidates' private blocks and the
+request's own pages in step (docs/spec.md, "Wide chains").
+
+A wide chain's newest position runs ``W`` candidates (:class:`rlt.spec.rows.CandidateRow`), one
+per draft among the ``W`` best of the previous position's draft depth; below depth ``d`` each writes
+its KV into private blocks standing in for the position's page (one block per plane). Three
+device-only moves, all with host-known addresses (no host read, so lagged steps stay lagged):
+
+- a chain's **first row** reaching depth ``d`` writes its ``W`` best tokens as the candidates'
+  inputs and copies the page holding its position (planes below ``d``, every layer and the
+  LAST_EXITED stamps) into every candidate's private blocks, so the candidates read the same
+  earlier positions as the request's own page holds (:func:`sync_pages`);
+- **candidates** reaching depth ``d`` each take their ``W`` best tokens; the winner is the candidate
+  whose input is the slot's full-depth token (the previous position's check wrote it, at this step
+  or earlier: wide chains need ``d >= D - d``), the first candidate when none is (the check then
+  rejected, the chain is dead and its results invalid); its state goes to the position's chain-row
+  entry, its drafts become the next position's candidate inputs, and its KV at the position (planes
+  below ``d``) goes to the request's page and to every candidate's private block
+  (:func:`promote_winners`), which keeps the private blocks equal to the page below the newest
+  position without copying the page again;
+- a wide chain's **check** accepts when the full-depth token is any candidate's
+  (:func:`wide_accepted`).
+
+Greedy requests only (the scheduler gives other requests a plain chain): the candidates are the
+draft's ``W`` best tokens and the full-depth token is the argmax, so the output is the full-depth
+model's whichever candidate wins.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A KV tensor ``[layers, blocks, block_size, heads, dim]`` as ``[layers, blocks * block_size, heads * dim]``."""
+    return t.view(t.shape[0], t.shape[1] * t.shape[2], -1)
+
+
+def copy_entries(kv, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """KV entries (flat ``block * block_size + offset`` addresses) ``src[i]`` to ``dst[i]`` in every
+    layer, K and V, and the LAST_EXITED stamps with them. ``dst`` holds no address twice."""
+    for t in (kv.k, kv.v):
+        f = _flat(t)
+        f.index_copy_(1, dst, f.index_select(1, src))
+    if kv.token_depth is not None:
+        stamps = kv.token_depth.view(-1)
+        stamps.index_copy_(0, dst, stamps.index_select(0, src))
+
+
+def sync_pages(kv, src_blocks: np.ndarray, dst_blocks: np.ndarray, device) -> None:
+    """Copy whole blocks: ``src_blocks [E]`` into each of ``dst_blocks [E, W]`` (a first row's page,
+    per plane below ``d``, into its candidates' private blocks)."""
+    bs = kv.block_size
+    within = np.arange(bs)
+    src = (np.repeat(src_blocks, dst_blocks.shape[1])[:, None] * bs + within).reshape(-1)
+    dst = (dst_blocks.reshape(-1)[:, None] * bs + within).reshape(-1)
+    copy_entries(kv, torch.from_numpy(src).to(device), torch.from_numpy(dst).to(device))
+
+
+def wide_accepted(candidate_tokens: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """A wide check's verdict ``[M]``: the full-depth token is one of the row's candidates ``[M, W]``."""
+    return (candidate_tokens == token_ids[:, None]).any(dim=1)
+
+
+def promote_winners(*, kv, state_table: torch.Tensor, token_table: torch.Tensor, logits: torch.Tensor,
+                    slots: np.ndarray, candidate_entries: np.ndarray, chain_entries: np.ndarray,
+                    private: np.ndarray, canonical: np.ndarray, offsets: np.ndarray, device) -> None:
+    """Finish ``G`` candidate groups that reached depth ``d`` this step (one group per slot, its
+    ``W`` rows' logits ``logits [G * W, V]`` in candidate order).
+
+    ``candidate_entries [G, W]``: the candidates' state / token-table entries; ``chain_entries [G]``:
+    the state entry of the position's chain row; ``private [G, W, P]``: each candidate's private
+    block per plane below ``d`` (``P`` = d); ``canonical [G, P]``: the request's block of the
+    position's page per plane; ``offsets [G]``: the position's offset in its page."""
+    g, w = candidate_entries.shape
+    bs = kv.block_size
+    dev = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    entries = dev(candidate_entries)
+    top = logits.topk(w, dim=-1).indices.view(g, w, w)  # per candidate, its W best next tokens
+    inputs = token_table[entries]  # [G, W] the tokens the candidates ran
+    truth = token_table[dev(slots)]  # [G] the full-depth token at the position (the last check's)
+    winner = (inputs == truth[:, None]).int().argmax(dim=1)  # first match; 0 when none (dead chain)
+    rows = torch.arange(g, device=device)
+    state_table[dev(chain_entries)] = state_table[entries[rows, winner]]
+    token_table[entries.view(-1)] = top[rows, winner].reshape(-1)
+    # the winner's KV at the position, per plane below d: into the page and every private block
+    planes = private.shape[2]
+    priv = dev(private.transpose(0, 2, 1).reshape(g, planes, w) * bs + offsets[:, None, None])  # [G, P, W]
+    src = priv.gather(2, winner.view(g, 1, 1).expand(g, planes, 1)).view(g, planes)
+    dst = torch.cat([dev(canonical * bs + offsets[:, None])[..., None], priv], dim=2)  # [G, P, 1 + W]
+    copy_entries(kv, src[..., None].expand_as(dst).reshape(-1), dst.reshape(-1))
