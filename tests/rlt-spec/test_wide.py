@@ -151,7 +151,7 @@ def test_wide_helpers_match_eager_indexing():
     want_state = state[11].clone()
     promote_winners(kv=kv, state_table=state, token_table=tokens, logits=logits, slots=np.array([1]),
                     candidate_entries=cand, chain_entries=np.array([15]), private=private, canonical=canonical,
-                    offsets=np.array([2]), device="cpu")
+                    offsets=np.array([2]), device=torch.device("cpu"))
     assert torch.equal(state[15], want_state)
     assert tokens[torch.tensor(cand[0])].tolist() == logits[1].topk(w).indices.tolist()
     for plane in range(p):

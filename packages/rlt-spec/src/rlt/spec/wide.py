@@ -32,6 +32,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rlt.platform.engine.staging import to_device
+
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """A KV tensor ``[layers, blocks, block_size, heads, dim]`` as ``[layers, blocks * block_size, heads * dim]``."""
@@ -51,12 +53,13 @@ def copy_entries(kv, src: torch.Tensor, dst: torch.Tensor) -> None:
 
 def sync_pages(kv, src_blocks: np.ndarray, dst_blocks: np.ndarray, device) -> None:
     """Copy whole blocks: ``src_blocks [E]`` into each of ``dst_blocks [E, W]`` (a first row's page,
-    per plane below ``d``, into its candidates' private blocks)."""
+    per plane below ``d``, into its candidates' private blocks). One upload, no host wait."""
     bs = kv.block_size
     within = np.arange(bs)
     src = (np.repeat(src_blocks, dst_blocks.shape[1])[:, None] * bs + within).reshape(-1)
     dst = (dst_blocks.reshape(-1)[:, None] * bs + within).reshape(-1)
-    copy_entries(kv, torch.from_numpy(src).to(device), torch.from_numpy(dst).to(device))
+    both = to_device(np.concatenate([src, dst]).astype(np.int64), device)
+    copy_entries(kv, both[: len(src)], both[len(src):])
 
 
 def wide_accepted(candidate_tokens: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
@@ -75,19 +78,25 @@ def promote_winners(*, kv, state_table: torch.Tensor, token_table: torch.Tensor,
     block per plane below ``d`` (``P`` = d); ``canonical [G, P]``: the request's block of the
     position's page per plane; ``offsets [G]``: the position's offset in its page."""
     g, w = candidate_entries.shape
+    planes = private.shape[2]
     bs = kv.block_size
-    dev = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-    entries = dev(candidate_entries)
+    # every host-known index in one upload (no host wait): candidates' entries, slots, chain-row
+    # entries, private addresses [G, P, W] and the page's addresses [G, P] at the position
+    parts = [candidate_entries.reshape(-1), slots, chain_entries,
+             (private.transpose(0, 2, 1) * bs + offsets[:, None, None]).reshape(-1),
+             (canonical * bs + offsets[:, None]).reshape(-1)]
+    cuts = np.cumsum([0] + [len(p) for p in parts])
+    packed = to_device(np.concatenate(parts).astype(np.int64), device)
+    entries, slot_dev, chain_dev, priv, page = (packed[cuts[i]:cuts[i + 1]] for i in range(len(parts)))
+    entries, priv, page = entries.view(g, w), priv.view(g, planes, w), page.view(g, planes, 1)
     top = logits.topk(w, dim=-1).indices.view(g, w, w)  # per candidate, its W best next tokens
     inputs = token_table[entries]  # [G, W] the tokens the candidates ran
-    truth = token_table[dev(slots)]  # [G] the full-depth token at the position (the last check's)
+    truth = token_table[slot_dev]  # [G] the full-depth token at the position (the last check's)
     winner = (inputs == truth[:, None]).int().argmax(dim=1)  # first match; 0 when none (dead chain)
-    rows = torch.arange(g, device=device)
-    state_table[dev(chain_entries)] = state_table[entries[rows, winner]]
+    rows = torch.arange(g, device=logits.device)
+    state_table[chain_dev] = state_table[entries[rows, winner]]
     token_table[entries.view(-1)] = top[rows, winner].reshape(-1)
     # the winner's KV at the position, per plane below d: into the page and every private block
-    planes = private.shape[2]
-    priv = dev(private.transpose(0, 2, 1).reshape(g, planes, w) * bs + offsets[:, None, None])  # [G, P, W]
-    src = priv.gather(2, winner.view(g, 1, 1).expand(g, planes, 1)).view(g, planes)
-    dst = torch.cat([dev(canonical * bs + offsets[:, None])[..., None], priv], dim=2)  # [G, P, 1 + W]
-    copy_entries(kv, src[..., None].expand_as(dst).reshape(-1), dst.reshape(-1))
+    src = priv.gather(2, winner.view(g, 1, 1).expand(g, planes, 1))  # [G, P, 1]
+    dst = torch.cat([page, priv], dim=2)  # [G, P, 1 + W]
+    copy_entries(kv, src.expand_as(dst).reshape(-1), dst.reshape(-1))
