@@ -61,6 +61,9 @@ def _engine(rng: random.Random, path):
         options["self_spec"] = attrs.evolve(options["self_spec"], chain_lag=rng.choice([0, 1, 2, 3]))
     cfg = EngineConfig(model=str(path), dtype="float32", block_size=4, max_num_batched_tokens=rng.choice([16, 32, 64]),
                        max_num_seqs=rng.choice([2, 4, 6]), num_kv_blocks=rng.choice([48, 64, 200]) if pre else 400)
+    if rng.random() < 0.4:  # wide chains (overlapped greedy requests with d >= D - d; lanes from a small pool)
+        options["self_spec"] = attrs.evolve(options["self_spec"], width=rng.choice([2, 3, 4]),
+                                            wide_lanes=rng.choice([1, 2] if pre else [1, 2, 8]))
     engine = build_engine(cfg, features=spec_features() + KVCACHE + PREFILL + DECODE, enabled=enabled, options=options)
     return engine, spec_on
 
@@ -160,7 +163,7 @@ def test_random_composition_is_exact_and_refuses_bad_requests(checkpoint, seed):
         assert_greedy_equal(list(out.token_ids), want, gaps, (rid, sp))
         if sp.get("logprobs"):
             assert len(out.logprobs) == len(out.token_ids)
-    pool = engine.ctx.kv.num_blocks
+    pool = engine.ctx.parts.kv_manager.usable_blocks  # the pool less wide chains' lanes
     for rid, _, sp, bad in items:
         if bad:
             assert rid in refused, (rid, sp)

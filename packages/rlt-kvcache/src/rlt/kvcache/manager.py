@@ -108,7 +108,12 @@ class KVCacheManager:
         return self.pages_for(num_positions) * self.planes_for(max_loops)
 
     def can_ever_fit(self, request) -> bool:
-        return self.blocks_for(request.max_positions, request.max_loops) <= self.num_blocks - len(self._reserved)
+        return self.blocks_for(request.max_positions, request.max_loops) <= self.usable_blocks
+
+    @property
+    def usable_blocks(self) -> int:
+        """Blocks requests can ever hold: the pool less what :meth:`reserve` took."""
+        return self.num_blocks - len(self._reserved)
 
     def num_pages(self, slot: int) -> int:
         sp = self._slots.get(slot)

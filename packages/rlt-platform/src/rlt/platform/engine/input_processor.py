@@ -101,16 +101,17 @@ class InputProcessor:
             if ctx.model.has_initial_state else 0.0,
         )
         if not self.kv.can_ever_fit(req):
+            usable = getattr(self.kv, "usable_blocks", self.kv.num_blocks)  # less blocks features reserved
             need = self.kv.blocks_for(n, max_loops)
-            if need > self.kv.num_blocks:  # the prompt alone, whatever max_tokens
+            if need > usable:  # the prompt alone, whatever max_tokens
                 raise InvalidRequestError(
                     f"request needs {need} KV blocks for its prompt alone ({n} positions x up to {max_loops} depth "
-                    f"planes) but the pool has {self.kv.num_blocks}; shorten the prompt or give the KV cache more "
+                    f"planes) but the pool has {usable}; shorten the prompt or give the KV cache more "
                     "memory", "prompt")
             need = self.kv.blocks_for(req.max_positions, max_loops)
             raise InvalidRequestError(
                 f"request needs {need} KV blocks ({req.max_positions} positions x up to {max_loops} depth planes) "
-                f"but the pool has {self.kv.num_blocks}; lower max_tokens or give the KV cache more memory",
+                f"but the pool has {usable}; lower max_tokens or give the KV cache more memory",
                 "max_tokens")
         req.detok = IncrementalDetokenizer(ctx.tokenizer, ids, params.skip_special_tokens)
         # Accepted: only now does it take an arrival number and (unseeded) a draw of the engine's RNG.

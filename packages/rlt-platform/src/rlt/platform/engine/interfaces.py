@@ -265,7 +265,8 @@ class KVManager(Protocol):
     how many leading prompt positions already have KV (0 without a prefix cache); ``free``
     releases a slot's blocks. A manager may also offer ``reserve(n) -> list[int] | None``: take
     ``n`` free blocks out of the pool for good, for a feature's private use (rlt-spec's wide chains;
-    both in-tree managers do).
+    both in-tree managers do), with ``usable_blocks`` the pool less those (what ``can_ever_fit``
+    and the admission error measure against).
     """
 
     block_size: int

@@ -92,7 +92,12 @@ class PagedKVManager:
         return -(-num_positions // self.block_size) * self.planes_for(max_loops)
 
     def can_ever_fit(self, request) -> bool:
-        return self.blocks_for(request.max_positions, request.max_loops) <= self.num_blocks - len(self._reserved)
+        return self.blocks_for(request.max_positions, request.max_loops) <= self.usable_blocks
+
+    @property
+    def usable_blocks(self) -> int:
+        """Blocks requests can ever hold: the pool less what :meth:`reserve` took."""
+        return self.num_blocks - len(self._reserved)
 
     def allocate(self, slot: int, request) -> bool:
         """Allocate every page ``request`` can ever touch, or nothing (returns False)."""
