@@ -28,6 +28,7 @@ class Rows:
         self.candidates: dict[str, int] = {}
         self.checks: list[bool] = []
         self.most_wide = 0  # the most requests with candidates in one step
+        self.static = 0  # steps with candidates built into rlt-decode's static buffers
 
     def on_step(self, batch, result) -> None:
         wide = set()
@@ -36,6 +37,7 @@ class Rows:
                 wide.add(r.request.request_id)
                 self.candidates[r.request.request_id] = self.candidates.get(r.request.request_id, 0) + 1
         self.most_wide = max(self.most_wide, len(wide))
+        self.static += bool(wide) and type(batch).__name__ == "DecodeBatch"
         acc = getattr(result, "accepted", None)
         if acc is not None:
             role = row_column(batch.rows, "role", 0, np.int8)
@@ -80,6 +82,7 @@ def test_wide_chains_are_exact(checkpoints, which, width, decode):
         assert list(outs[rid].token_ids) == want, rid
         assert list(outs[rid].exit_depths) == depths
     assert sum(rec.candidates.values()) > 0  # positions ran as candidates
+    assert (rec.static > 0) == decode  # ... through the static buffers (own page tables in the mirror)
     audit = getattr(engine.ctx.parts.kv_manager, "audit", None)
     if audit is not None:
         audit()

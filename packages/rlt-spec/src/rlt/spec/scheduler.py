@@ -137,8 +137,12 @@ class SpeculativeScheduler(Wrapped):
         speculate at once, the rest of its rows — a round verifies up to ``ring`` positions at once;
         a chain has at most ``ring`` rows in flight and at most one per loop (rows start at least
         one loop apart). Adaptive K with the ``max_running`` gate lets at most ``max_running``
-        requests speculate at once. All within the step budget."""
-        per_request = min(self.ring, self.num_loops) + self.width - 1 if self.overlap else self.ring
+        requests speculate at once; a wide chain holds at most its older position's row and the newest
+        one's candidates. All within the step budget."""
+        per_request = self.ring
+        if self.overlap:  # a wide chain (d >= D - d) has at most two positions in flight: the older one's row
+            # and the newest one's candidates
+            per_request = max(min(self.ring, self.num_loops), 1 + self.width if self.width > 1 else 0)
         o = self.options
         speculating = self.num_slots if not (o.adaptive and o.max_running) else min(self.num_slots, o.max_running)
         return max(1, min(self.budget, self.num_slots + speculating * (per_request - 1)))
