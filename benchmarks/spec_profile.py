@@ -117,6 +117,7 @@ def main(argv=None) -> dict:
     def extra(ap):
         ap.add_argument("--steps", type=int, default=64, help="engine steps per window (timed, then profiled)")
         ap.add_argument("--warm-steps", type=int, default=24)
+        ap.add_argument("--width", type=int, default=1, help="--self-spec-width of the chain (wide chains: docs/spec.md)")
     args = parse_args(argv, prog="python -m benchmarks.spec_profile", description=__doc__, extra=extra)
     scale, k, d = _floats(args.scales)[0], _ints(args.ks)[0], _ints(args.ds)[0]
     out_dir = Path(args.out_dir)
@@ -124,11 +125,11 @@ def main(argv=None) -> dict:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="spec-profile-"))
     src = write_random_checkpoint(work / "src", args.model)
     bench = Bench(args, src, ScaledLoader(), decode_features(), detect_platform(args.device))
-    engine = bench.engine(scale, overlap=True)
+    engine = bench.engine(scale, overlap=True, options={"width": args.width})
     bench.warm(engine, 1, {"num_tokens": k, "draft_loops": d})
     rng = random.Random(0)
     prompt = [rng.randrange(3, min(engine.model.shape.vocab_size, 30000)) for _ in range(args.input_len)]
-    res = {"args": vars(args), "scale": scale, "k": k, "d": d,
+    res = {"args": vars(args), "scale": scale, "k": k, "d": d, "width": args.width,
            "components": engine.assembly.describe(), "device_name": torch.cuda.get_device_name(0)
            if args.device == "cuda" else "cpu"}
     for name, spec in (("plain", {"num_tokens": 0}), ("chain", {"num_tokens": k, "draft_loops": d})):

@@ -218,11 +218,15 @@ case $CALL in
   wd)  # (any card, ~4-5 min) wide chains (issue 13, docs/spec.md "Wide chains"): their GPU test, then
     # benchmarks/spec_wide.py — C = 1, d = 2, K = 8, --self-spec-width 1 against 4 at loop scales near acceptance 0.8
     timeout ${WD_TEST_TIMEOUT:-150} python3 -m pytest tests/gpu/test_spec_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" \
-      -rfE -k wide_chains > "$R/gpu-test.log" 2>&1
+      -rfE -k "wide_chains or fused_greedy_heads" > "$R/gpu-test.log" 2>&1
     echo "test rc $?"; tail -3 "$R/gpu-test.log"
     timeout ${WD_TIMEOUT:-330} python3 -m benchmarks.spec_wide --scales ${WD_SCALES:-0.01,0.02} --widths ${WD_WIDTHS:-1,4} \
       --out-dir "$R/wide" > "$R/wide.log" 2>&1
-    echo "wide rc $?"; tail -12 "$R/wide.log" ;;
+    echo "wide rc $?"; tail -12 "$R/wide.log"
+    # where a wide chain step's time goes (host wall against device busy), the torch profiler
+    timeout ${WD_PROF_TIMEOUT:-120} python3 -m benchmarks.spec_profile --preset h200 --scales 0.002 --ks 8 --ds 2 --steps 64 \
+      --width ${WD_PROF_WIDTH:-4} --out-dir "$R/prof" > "$R/prof.log" 2>&1
+    echo "profile rc $?"; head -16 "$R/prof/spec_profile.md" ;;
   mk)  # (any card, ~1-2 min) the persistent GEMV-chain probe (benchmarks/megakernel): one Ouro-1.4B loop's weight
     # stream in one kernel, against the same chain as cuBLAS + elementwise kernels in a graph; then C=1 decode
     # (MK_DECODE=1) for the same lease's per-loop-step time

@@ -135,14 +135,22 @@ COMPILE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from benchmarks.triton_aot_report import compile_sass
-from rlt.spec.heads_kernel import greedy_heads_kernel
+from rlt.spec.heads_kernel import greedy_heads_kernel, promote_kernel
 from rlt.spec.heads import DEFAULT_TILES
 out = {}
 for block, warps in {DEFAULT_TILES, (16384, 16), (2048, 4)}:  # the default, the sweep's largest, the old default
     for dtype in ("bf16", "fp32"):
-        types = {"LOGITS": "*" + dtype, "DESC": "*i64", "TABLE": "*i64", "DEAD": "*u8", "OUT": "*i64", "stride_l": "i32"}
-        ops, usage, _ = compile_sass(greedy_heads_kernel, {"BLOCK": block}, 90, types, set(), num_warps=warps)
-        out[f"{block}x{warps}/{dtype}"] = {"ops": len(ops), "local": usage.get("local")}
+        for w in (1, 4):  # plain chains; wide chains' roles (W best drafts, checks against W candidates)
+            types = {"LOGITS": "*" + dtype, "DESC": "*i64", "TABLE": "*i64", "DEAD": "*u8", "OUT": "*i64",
+                     "WINNER": "*i64", "stride_l": "i32"}
+            ops, usage, _ = compile_sass(greedy_heads_kernel, {"BLOCK": block, "W": w}, 90, types, set(),
+                                         num_warps=warps)
+            out[f"{block}x{warps}/{dtype}/W{w}"] = {"ops": len(ops), "local": usage.get("local")}
+for dtype in ("bf16", "fp32"):  # the wide chains' promotion
+    types = {"DESC": "*i64", "TABLE": "*i64", "WINNER": "*i64", "STATE": "*" + dtype, "K": "*" + dtype,
+             "V": "*" + dtype, "STAMPS": "*i32", "layer_stride": "i64"}
+    ops, usage, _ = compile_sass(promote_kernel, {"W": 4, "BLOCK": 1024}, 90, types, set(), num_warps=4)
+    out[f"promote/{dtype}"] = {"ops": len(ops), "local": usage.get("local")}
 print(json.dumps(out))
 """
 

@@ -162,3 +162,44 @@ def test_wide_helpers_match_eager_indexing():
         for dst in [canonical[0, plane], *private[0, :, plane]]:
             assert torch.equal(kv.k[:, dst, 2], src)
         assert torch.equal(kv.k[:, canonical[0, plane], 1], before_k[:, canonical[0, plane], 1])  # other offsets kept
+
+
+@pytest.fixture
+def fused_interpreted(monkeypatch):
+    """The fused greedy heads (wide roles and the promotion kernel included) built by Triton's
+    interpreter and taken by the engine on CPU tensors."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("needs triton (interpreter)")
+    from triton_interpreter import fix_interpreter
+
+    fix_interpreter()
+    import rlt.spec.heads_kernel as kernel
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # only while the heads' kernels are built: the model's own
+    importlib.reload(kernel)  # fused ops stay on their CPU path
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr("rlt.spec.executor.fused_heads_usable", lambda t: True)
+    yield
+    importlib.reload(kernel)
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_fused_wide_heads_equal_the_general_path(checkpoints, fused_interpreted, d):
+    """Lagged wide steps through the fused kernels (checks against the candidates, the W best drafts
+    in one pass each, the winners' promotion in one launch): the oracle's tokens and the general
+    path's verdicts, check for check."""
+    items = _items(21, 4, speculation={"num_tokens": 8, "draft_loops": d})
+    outs, rec, _, engine = _run(checkpoints["mid"], items, width=4, decode=True, max_num_seqs=4)
+    assert engine.ctx.parts.executor.inner.fused_heads_off == ""  # the fused path ran, and never failed
+    ref = reference(checkpoints["mid"])
+    for rid, prompt, sp in items:
+        assert list(outs[rid].token_ids) == reference_generate(ref, prompt, max_tokens=sp.max_tokens)[0], rid
+    import rlt.spec.executor as ex
+
+    with pytest.MonkeyPatch.context() as mp:  # the general path, same requests
+        mp.setattr(ex, "fused_heads_usable", lambda t: False)
+        _, general, _, _ = _run(checkpoints["mid"], items, width=4, decode=True, max_num_seqs=4)
+    assert rec.checks == general.checks and sum(rec.candidates.values()) == sum(general.candidates.values())

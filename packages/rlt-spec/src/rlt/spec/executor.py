@@ -42,7 +42,7 @@ from rlt.platform.engine.executor import CompletedStep, EagerExecutor, sample_ex
 from rlt.platform.engine.interfaces import StepResult
 from rlt.platform.engine.sampler import argmax_only
 from rlt.platform.engine.staging import to_device
-from rlt.spec.heads import fused_heads_usable, greedy_heads
+from rlt.spec.heads import PromotionError, WideHeads, fused_heads_usable, greedy_heads
 from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, CandidateRow, SpecStepResult, row_column
 from rlt.spec.verify import Checked
 from rlt.spec.wide import promote_winners, sync_pages, wide_accepted
@@ -126,6 +126,17 @@ class LaggedSpecStep:
         return self._result
 
 
+@attrs.frozen
+class _WideSplit:
+    """A step's chain heads split for the fused path: the wide rows' part, the narrow rows (drafting,
+    checking), all rows (for the general path after a failed launch), a first row's page sync."""
+
+    heads: WideHeads
+    narrow: tuple[np.ndarray, np.ndarray]
+    all: tuple[np.ndarray, np.ndarray]
+    first_sync: tuple[np.ndarray, np.ndarray] | None
+
+
 class SpeculativeExecutor(EagerExecutor):
     def __init__(self, *, max_drafts: int, width: int = 1, block_tables: np.ndarray | None = None, **kw) -> None:
         super().__init__(**kw)
@@ -142,12 +153,17 @@ class SpeculativeExecutor(EagerExecutor):
         #: that a static decode path (rlt-decode) addresses a chain row's state like any row's
         entries = n * (1 + self.ring) + (n * width if width > 1 else 0)
         self.state_table = torch.zeros(entries, h, dtype=self.hidden.dtype, device=self.device)
+        #: wide chains' fused heads: per slot the winner its last check found, and past the token table's
+        #: entries, per slot ``width`` x ``width`` scratch entries (each candidate's best next tokens)
+        self.winner = torch.zeros(n, dtype=torch.int64, device=self.device)
+        self.scratch = entries
         self.hidden = self.state_table[:n]
         self.draft_q: torch.Tensor | None = None
         #: the token table (``Executor.token_table``, the same layout as the state table): per slot
         #: the last token sampled for it, then per ring entry the draft its row made — what a chain
         #: row's successor embeds, and what its own check judges, without the host reading it
-        self.token_table = torch.zeros(entries, dtype=torch.int64, device=self.device)
+        self.token_table = torch.zeros(entries + (n * width * width if width > 1 else 0), dtype=torch.int64,
+                                       device=self.device)
         #: per slot: a check of its current chain rejected (the chain's later rows ran on a wrong
         #: token: their checks are invalid); cleared by the next chain's first row
         self.dead = torch.zeros(n, dtype=torch.bool, device=self.device)
@@ -255,17 +271,27 @@ class SpeculativeExecutor(EagerExecutor):
         heads = np.concatenate([sampled, drafting, checking])
         if not len(heads):
             return LaggedSpecStep(shape, None)
-        wide = any(b.rows[i].width > 1 for i in np.concatenate([drafting, checking]))
-        if not wide and not self.fused_heads_off and fused_heads_usable(last) and argmax_only(self.sampler.table, b.slots[heads]):
+        if not self.fused_heads_off and fused_heads_usable(last) and argmax_only(self.sampler.table, b.slots[heads]):
+            wide = self._wide_heads(b, drafting, checking)
+            if wide is not None:
+                drafting, checking = wide.narrow
             chain_rows = [b.rows[i] for i in np.concatenate([drafting, checking])]
             try:
                 packed = greedy_heads(self.model, last, sampled=sampled, drafting=drafting, checking=checking,
                                       entries=row_column(chain_rows, "state_index", 0, np.int64), slots=b.slots,
-                                      token_table=self.token_table, dead=self.dead)
+                                      token_table=self.token_table, dead=self.dead,
+                                      wide=None if wide is None else wide.heads)
+            except PromotionError as exc:  # the heads ran, their winners did not: the step fails
+                self.fused_heads_off = f"{type(exc).__name__}: {exc}"[:200]
+                raise
             except Exception as exc:  # noqa: BLE001 - a compile / launch failure writes nothing: the general path
                 self.fused_heads_off = f"{type(exc).__name__}: {exc}"[:200]
                 log.warning("fused greedy heads failed; chain heads take the general path from now on: %s", exc)
+                if wide is not None:
+                    drafting, checking = wide.all
             else:
+                if wide is not None and wide.first_sync is not None:
+                    sync_pages(self.kv, *wide.first_sync, self.device)
                 return LaggedSpecStep(shape, packed)
         tokens = torch.zeros(n, dtype=torch.int64, device=self.device)
         counts = torch.zeros(n, dtype=torch.int64, device=self.device)
@@ -283,6 +309,50 @@ class SpeculativeExecutor(EagerExecutor):
                 counts[rows] = heads.valid.long()
                 verdicts[rows] = heads.check.accepted.long()
         return LaggedSpecStep(shape, torch.stack([tokens, counts, verdicts]))
+
+    def _wide_heads(self, b, drafting: np.ndarray, checking: np.ndarray) -> "_WideSplit | None":
+        """A lagged step's wide-chain rows for the fused heads (:class:`rlt.spec.heads.WideHeads`): checks
+        against the candidates, first rows' drafts into the candidates' inputs, candidates' drafts into
+        their scratch and their groups' promotion descriptor; None when the step has none."""
+        rows = b.rows
+        wchk = np.asarray([i for i in checking if rows[i].width > 1], np.int64)
+        wdr = np.asarray([i for i in drafting if rows[i].width > 1], np.int64)
+        if not len(wchk) and not len(wdr):
+            return None
+        w = self.width
+        bs = self.kv.block_size
+        entries = [rows[i].candidates[0] for i in wchk]
+        groups, first_src, first_dst = {}, [], []
+        for i in wdr:
+            r = rows[i]
+            if isinstance(r, CandidateRow):
+                entries.append(self.scratch + r.slot * w * w + r.candidate * w)
+                groups.setdefault(r.slot, r)
+            else:  # a first row: its W best are the candidates' inputs; its page into their blocks
+                entries.append(r.candidates[0])
+                lane = np.asarray(r.lane, np.int64)
+                if (r.start + 1) % bs:
+                    first_src.append(self.block_tables[r.slot, : lane.shape[1], r.start // bs])
+                    first_dst.append(lane.T)
+        planes = {len(r.lane[0]) for r in groups.values()}
+        if len(planes) > 1:
+            return None  # two draft depths in one step (requests' own draft_loops): the general path
+        desc = np.zeros((len(groups), 0), np.int64)
+        p = planes.pop() if planes else 0
+        if groups:
+            out = []
+            for slot, r in sorted(groups.items()):
+                page = self.block_tables[slot, :p, r.start // bs].astype(np.int64) * bs + r.start % bs
+                priv = np.asarray(r.lane, np.int64).T * bs + r.start % bs  # [P, W]
+                out.append(np.concatenate([[slot, r.candidates[0], self.scratch + slot * w * w, r.chain_entry],
+                                           np.concatenate([page[:, None], priv], axis=1).reshape(-1)]))
+            desc = np.stack(out).astype(np.int64)
+        narrow = (np.asarray([i for i in drafting if rows[i].width == 1], np.int64),
+                  np.asarray([i for i in checking if rows[i].width == 1], np.int64))
+        heads = WideHeads(checking=wchk, drafting=wdr, entries=np.asarray(entries, np.int64), width=w,
+                          winner=self.winner, groups=desc, planes=p, kv=self.kv, state=self.state_table)
+        sync = (np.concatenate(first_src), np.concatenate(first_dst)) if first_src else None
+        return _WideSplit(heads, narrow, (drafting, checking), sync)
 
     def _heads(self, b, base: StepResult, role: np.ndarray, d: np.ndarray, last: torch.Tensor) -> SpecStepResult:
         """The step's result: ``base`` (the plain rows') merged with what the speculative rows

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import os
 
+import attrs
 import numpy as np
 import torch
 
@@ -62,30 +63,86 @@ def fused_heads_usable(t: torch.Tensor) -> bool:
 
 
 def greedy_heads(model, last: torch.Tensor, *, sampled: np.ndarray, drafting: np.ndarray, checking: np.ndarray,
-                 entries: np.ndarray, slots: np.ndarray, token_table: torch.Tensor, dead: torch.Tensor) -> torch.Tensor:
+                 entries: np.ndarray, slots: np.ndarray, token_table: torch.Tensor, dead: torch.Tensor,
+                 wide: "WideHeads | None" = None) -> torch.Tensor:
     """The heads of a lagged step's rows, all greedy: ``sampled`` (plain rows that exit), ``drafting``
     and ``checking`` (chain rows; ``entries`` their token-table entries, in that order) are batch row
     indices; ``slots`` every row's slot; ``last`` every row's end-of-loop state. Writes the drafts and
     the valid checks' tokens into ``token_table`` and the checks' rejections into ``dead``; returns
-    ``[3, rows]`` int64 on the device: per row the token it yields, whether it counts, its verdict."""
-    from rlt.spec.heads_kernel import CHECK, DRAFT, SAMPLE  # Triton: on first use only
+    ``[3, rows]`` int64 on the device: per row the token it yields, whether it counts, its verdict.
+    ``wide``: wide chains' rows too (checks against their candidates, drafts of their W best; then
+    the winners' promotion, :mod:`rlt.spec.wide`)."""
+    from rlt.spec.heads_kernel import CHECK, DRAFT, SAMPLE, WCHECK, WDRAFT  # Triton: on first use only
 
     n = len(slots)
-    heads = np.concatenate([sampled, drafting, checking])
+    w = wide if wide is not None else WideHeads.none()
+    heads = np.concatenate([sampled, drafting, checking, w.checking, w.drafting])
     desc = np.zeros((5, n), np.int64)  # head index, role, entry, slot; then the head rows (one upload)
     desc[0] = -1
     desc[0, heads] = np.arange(len(heads))
     desc[1, sampled], desc[1, drafting], desc[1, checking] = SAMPLE, DRAFT, CHECK
+    desc[1, w.checking], desc[1, w.drafting] = WCHECK, WDRAFT
     desc[2, np.concatenate([drafting, checking])] = entries
+    desc[2, np.concatenate([w.checking, w.drafting])] = w.entries
     desc[3] = slots
     desc[4, : len(heads)] = heads
-    dev = to_device(desc, last.device)
-    logits = model.coda(last.index_select(0, dev[4, : len(heads)]))
-    return launch(logits, dev, n, token_table, dead)
+    flat = desc.reshape(-1)
+    if len(w.groups):
+        flat = np.concatenate([flat, w.groups.reshape(-1)])
+    dev = to_device(flat, last.device)
+    logits = model.coda(last.index_select(0, dev[4 * n: 4 * n + len(heads)]))
+    out = launch(logits, dev[: 5 * n], n, token_table, dead, winner=w.winner, width=w.width)
+    if len(w.groups):
+        w.promote(dev[5 * n:], token_table)
+    return out
+
+
+@attrs.frozen
+class WideHeads:
+    """A lagged step's wide-chain rows for :func:`greedy_heads`: checks (``checking``) against the ``width``
+    candidates at consecutive entries, drafts (``drafting``: their ``width`` best into consecutive entries),
+    ``entries`` for both in that order; ``winner`` the per-slot winner buffer; then the candidate groups'
+    promotion (``groups [G, 4 + planes * (1 + width)]``, :func:`rlt.spec.heads_kernel.promote_kernel`'s
+    descriptor) over the KV cache ``kv`` and the state table ``state``."""
+
+    checking: np.ndarray
+    drafting: np.ndarray
+    entries: np.ndarray
+    width: int = 1
+    winner: torch.Tensor | None = None
+    groups: np.ndarray = attrs.field(factory=lambda: np.zeros((0, 0), np.int64))
+    planes: int = 0
+    kv: object = None
+    state: torch.Tensor | None = None
+
+    @classmethod
+    def none(cls) -> "WideHeads":
+        e = np.zeros(0, np.int64)
+        return cls(e, e, e)
+
+    def promote(self, desc: torch.Tensor, token_table: torch.Tensor) -> None:
+        """The candidate groups' winners (one launch); a failure raises :class:`PromotionError` (the heads
+        before it have run: the step cannot take the general path instead)."""
+        from rlt.spec.heads_kernel import promote_kernel
+
+        kv, g = self.kv, self.groups.shape[0]
+        k = kv.k
+        grid = (g, 1 + self.planes * kv.num_layers * 2)
+        try:
+            promote_kernel[grid](desc, g, self.planes, kv.num_layers, k.stride(0), k.shape[3] * k.shape[4], token_table,
+                                 self.winner, self.state, self.state.stride(0), self.state.shape[1], k, kv.v,
+                                 kv.token_depth, W=self.width, BLOCK=1024, num_warps=4)
+        except Exception as exc:  # noqa: BLE001 - re-raised with what it means
+            raise PromotionError(f"wide chains' promotion kernel failed: {type(exc).__name__}: {exc}") from exc
+
+
+class PromotionError(RuntimeError):
+    """The fused wide-chain promotion failed after the step's heads ran."""
 
 
 def launch(logits: torch.Tensor, dev: torch.Tensor, n: int, token_table: torch.Tensor, dead: torch.Tensor,
-           tiles: tuple[int, int] | None = None) -> torch.Tensor:
+           tiles: tuple[int, int] | None = None, *, winner: torch.Tensor | None = None,
+           width: int = 1) -> torch.Tensor:
     """The kernel over ``n`` rows described by ``dev`` (:func:`greedy_heads`' descriptor), ``logits`` the head
     rows' logits: the ``[3, n]`` result."""
     from rlt.spec.heads_kernel import greedy_heads_kernel
@@ -93,5 +150,5 @@ def launch(logits: torch.Tensor, dev: torch.Tensor, n: int, token_table: torch.T
     block, warps = tiles or heads_tiles()
     out = torch.empty(3, n, dtype=torch.int64, device=logits.device)
     greedy_heads_kernel[(n,)](logits, logits.stride(0), dev, n, logits.shape[1], token_table, dead.view(torch.uint8),
-                              out, BLOCK=block, num_warps=warps)
+                              out, token_table if winner is None else winner, BLOCK=block, W=width, num_warps=warps)
     return out

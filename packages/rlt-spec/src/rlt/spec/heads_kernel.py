@@ -6,14 +6,37 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-#: row roles in the descriptor (``rlt.spec.heads``): no head, chain draft, chain check, plain sample
-NONE, DRAFT, CHECK, SAMPLE = 0, 1, 2, 3
+#: row roles in the descriptor (``rlt.spec.heads``): no head, chain draft, chain check, plain sample; a wide
+#: chain's check (against ``W`` candidates at consecutive entries from ``entry``) and a wide chain's draft (its
+#: ``W`` best tokens into consecutive entries from ``entry``: the next candidates' inputs, or a candidate's scratch)
+NONE, DRAFT, CHECK, SAMPLE, WCHECK, WDRAFT = 0, 1, 2, 3, 4, 5
 # the same inside the kernel: a jitted function reads module globals only as ``tl.constexpr`` objects
 _DRAFT, _CHECK, _SAMPLE = tl.constexpr(DRAFT), tl.constexpr(CHECK), tl.constexpr(SAMPLE)
+_WCHECK, _WDRAFT = tl.constexpr(WCHECK), tl.constexpr(WDRAFT)
+
+
+@triton.jit
+def _best_after(base, vocab, prev_v, prev_i, BLOCK: tl.constexpr):
+    """The largest logit ordered after (``prev_v``, ``prev_i``) — smaller, or equal at a later index —
+    and its first index: the next of a row's best tokens in (value descending, index ascending) order."""
+    best = tl.full((), float("-inf"), tl.float32)
+    best_i = tl.full((), -1, tl.int64)
+    for start in range(0, vocab, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        after = (x < prev_v) | ((x == prev_v) & (cols > prev_i))
+        x = tl.where(after & (cols < vocab), x, float("-inf"))
+        m = tl.max(x, axis=0)
+        i = tl.argmax(x, axis=0, tie_break_left=True).to(tl.int64) + start
+        better = (m > best) | (best_i < 0)
+        best_i = tl.where(better, i, best_i)
+        best = tl.where(better, m, best)
+    return best, best_i
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # the row count varies per step: one compile
-def greedy_heads_kernel(LOGITS, stride_l, DESC, n_rows, vocab, TABLE, DEAD, OUT, BLOCK: tl.constexpr):
+def greedy_heads_kernel(LOGITS, stride_l, DESC, n_rows, vocab, TABLE, DEAD, OUT, WINNER, BLOCK: tl.constexpr,
+                        W: tl.constexpr = 1):
     row = tl.program_id(0)
     head = tl.load(DESC + row)
     role = tl.load(DESC + n_rows + row)
@@ -49,6 +72,81 @@ def greedy_heads_kernel(LOGITS, stride_l, DESC, n_rows, vocab, TABLE, DEAD, OUT,
             tl.store(TABLE + slot, best_i)
             token = best_i
             count = tl.full((), 1, tl.int64)
+        if role == _WDRAFT:  # the W best, best first
+            tl.store(TABLE + entry, best_i)
+            v = best
+            i = best_i
+            for k in tl.static_range(1, W):
+                v, i = _best_after(base, vocab, v, i, BLOCK)
+                tl.store(TABLE + entry + k, i)
+        if role == _WCHECK:  # accepted when any candidate ran the token; the first such is the winner
+            winner = tl.full((), -1, tl.int64)
+            for k in tl.static_range(W):
+                hit = (tl.load(TABLE + entry + k) == best_i) & (winner < 0)
+                winner = tl.where(hit, k, winner)
+            accept = winner >= 0
+            valid = tl.load(DEAD + slot) == 0
+            tl.store(WINNER + slot, tl.maximum(winner, 0))
+            tl.store(DEAD + slot, (valid & ~accept).to(tl.uint8), mask=valid)
+            tl.store(TABLE + slot, best_i, mask=valid)
+            token = best_i
+            count = valid.to(tl.int64)
+            verdict = accept.to(tl.int64)
     tl.store(OUT + row, token)
     tl.store(OUT + n_rows + row, count)
     tl.store(OUT + 2 * n_rows + row, verdict)
+
+
+@triton.jit
+def _copy_entry(ptr, addr, src_addr, row_size, W: tl.constexpr, BLOCK: tl.constexpr):
+    """One layer's K (or V) entry at ``src_addr`` to the ``W + 1`` addresses from ``addr``."""
+    for start in range(0, row_size, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        vals = tl.load(ptr + src_addr * row_size + cols, mask=cols < row_size)
+        for k in tl.static_range(W + 1):
+            tl.store(ptr + tl.load(addr + k) * row_size + cols, vals, mask=cols < row_size)
+
+
+@triton.jit
+def promote_kernel(DESC, n_groups, n_planes, num_layers, layer_stride, row_size, TABLE, WINNER, STATE, state_stride,
+                   hidden, K, V, STAMPS, W: tl.constexpr, BLOCK: tl.constexpr):
+    """Wide chains' winners (:func:`rlt.spec.wide.promote_winners`, fused): program (g, 0) copies group
+    ``g``'s winner's state to the chain row's entry and its next candidates (its scratch) to the candidates'
+    inputs; program (g, 1 + u) copies one layer's K or V entry of one plane below d from the winner's private
+    block to the page and every candidate's block (the stamps with it, at layer 0). The winner is
+    ``WINNER[slot]``, which the check of the previous position wrote (``greedy_heads_kernel``, WCHECK).
+    Descriptor per group: slot, first candidate entry, scratch entry, chain-row entry, then per plane the
+    page's address and the W private addresses (``block * block_size + offset``)."""
+    g = tl.program_id(0)
+    u = tl.program_id(1)
+    width = 4 + n_planes * (1 + W)
+    d = DESC + g * width
+    slot = tl.load(d)
+    cand = tl.load(d + 1)
+    scratch = tl.load(d + 2)
+    chain = tl.load(d + 3)
+    winner = tl.load(WINNER + slot)
+    if u == 0:
+        src = STATE + (cand + winner) * state_stride
+        dst = STATE + chain * state_stride
+        for start in range(0, hidden, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            tl.store(dst + cols, tl.load(src + cols, mask=cols < hidden), mask=cols < hidden)
+        for k in tl.static_range(W):
+            tl.store(TABLE + cand + k, tl.load(TABLE + scratch + winner * W + k))
+    else:
+        job = u - 1
+        kv = job % 2
+        layer = (job // 2) % num_layers
+        plane = job // (2 * num_layers)
+        addr = d + 4 + plane * (1 + W)
+        src_addr = tl.load(addr + 1 + winner)
+        offset = layer.to(tl.int64) * layer_stride
+        if kv == 0:
+            _copy_entry(K + offset, addr, src_addr, row_size, W, BLOCK)
+        else:
+            _copy_entry(V + offset, addr, src_addr, row_size, W, BLOCK)
+        if (layer == 0) & (kv == 0):
+            stamp = tl.load(STAMPS + src_addr)
+            for k in tl.static_range(W + 1):
+                tl.store(STAMPS + tl.load(addr + k), stamp)
