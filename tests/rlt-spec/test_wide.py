@@ -1,6 +1,6 @@
-"""Wide chains (``--self-spec-width``): the newest position runs the draft's W best tokens as W
-candidate rows below depth d, with private KV blocks; the candidate that ran the full-depth token
-goes on. fp32 greedy output token-identical to the oracle; candidates rescue drafts that were not
+"""Wide chains (``--self-spec-width``), eager steps: the newest position runs the draft's W best
+tokens as W candidate rows below depth d, with private KV blocks; the candidate that ran the
+full-depth token goes on. fp32 greedy output token-identical to the oracle; candidates rescue drafts that were not
 the draft's first choice (fewer restarts than a plain chain on the same checkpoint); requests that
 cannot run wide (sampling, a shallow draft depth, no lane left) run plain chains."""
 
@@ -28,7 +28,6 @@ class Rows:
         self.candidates: dict[str, int] = {}
         self.checks: list[bool] = []
         self.most_wide = 0  # the most requests with candidates in one step
-        self.static = 0  # steps with candidates built into rlt-decode's static buffers
 
     def on_step(self, batch, result) -> None:
         wide = set()
@@ -37,7 +36,6 @@ class Rows:
                 wide.add(r.request.request_id)
                 self.candidates[r.request.request_id] = self.candidates.get(r.request.request_id, 0) + 1
         self.most_wide = max(self.most_wide, len(wide))
-        self.static += bool(wide) and type(batch).__name__ == "DecodeBatch"
         acc = getattr(result, "accepted", None)
         if acc is not None:
             role = row_column(batch.rows, "role", 0, np.int8)
@@ -68,13 +66,14 @@ def checkpoints(spec_checkpoints, tmp_path_factory):
     return {"random": spec_checkpoints[0], "mid": mid, "controlled": spec_checkpoints[1]}
 
 
-@pytest.mark.parametrize("decode", [False, True], ids=["eager", "static"])
 @pytest.mark.parametrize("width", [2, 4])
 @pytest.mark.parametrize("which", ["random", "mid", "controlled"])
-def test_wide_chains_are_exact(checkpoints, which, width, decode):
+def test_wide_chains_are_exact(checkpoints, which, width):
+    """Eager steps (this package's tests run without rlt-decode; the static buffers, the pipeline and the
+    fused heads: tests/integration/test_spec_wide_compose.py)."""
     path = checkpoints[which]
     items = _items(3 + len(which), 5, speculation={"num_tokens": 8, "draft_loops": 2})
-    outs, rec, _stats, engine = _run(path, items, width=width, decode=decode, max_num_seqs=4)
+    outs, rec, _stats, engine = _run(path, items, width=width, max_num_seqs=4)
     ref = reference(path)
     for rid, prompt, sp in items:
         want, depths = reference_generate(ref, prompt, max_tokens=sp.max_tokens)
@@ -82,7 +81,6 @@ def test_wide_chains_are_exact(checkpoints, which, width, decode):
         assert list(outs[rid].token_ids) == want, rid
         assert list(outs[rid].exit_depths) == depths
     assert sum(rec.candidates.values()) > 0  # positions ran as candidates
-    assert (rec.static > 0) == decode  # ... through the static buffers (own page tables in the mirror)
     audit = getattr(engine.ctx.parts.kv_manager, "audit", None)
     if audit is not None:
         audit()
@@ -163,43 +161,3 @@ def test_wide_helpers_match_eager_indexing():
             assert torch.equal(kv.k[:, dst, 2], src)
         assert torch.equal(kv.k[:, canonical[0, plane], 1], before_k[:, canonical[0, plane], 1])  # other offsets kept
 
-
-@pytest.fixture
-def fused_interpreted(monkeypatch):
-    """The fused greedy heads (wide roles and the promotion kernel included) built by Triton's
-    interpreter and taken by the engine on CPU tensors."""
-    import importlib
-    import importlib.util
-
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("needs triton (interpreter)")
-    from triton_interpreter import fix_interpreter
-
-    fix_interpreter()
-    import rlt.spec.heads_kernel as kernel
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # only while the heads' kernels are built: the model's own
-    importlib.reload(kernel)  # fused ops stay on their CPU path
-    monkeypatch.delenv("TRITON_INTERPRET")
-    monkeypatch.setattr("rlt.spec.executor.fused_heads_usable", lambda t: True)
-    yield
-    importlib.reload(kernel)
-
-
-@pytest.mark.parametrize("d", [2, 3])
-def test_fused_wide_heads_equal_the_general_path(checkpoints, fused_interpreted, d):
-    """Lagged wide steps through the fused kernels (checks against the candidates, the W best drafts
-    in one pass each, the winners' promotion in one launch): the oracle's tokens and the general
-    path's verdicts, check for check."""
-    items = _items(21, 4, speculation={"num_tokens": 8, "draft_loops": d})
-    outs, rec, _, engine = _run(checkpoints["mid"], items, width=4, decode=True, max_num_seqs=4)
-    assert engine.ctx.parts.executor.inner.fused_heads_off == ""  # the fused path ran, and never failed
-    ref = reference(checkpoints["mid"])
-    for rid, prompt, sp in items:
-        assert list(outs[rid].token_ids) == reference_generate(ref, prompt, max_tokens=sp.max_tokens)[0], rid
-    import rlt.spec.executor as ex
-
-    with pytest.MonkeyPatch.context() as mp:  # the general path, same requests
-        mp.setattr(ex, "fused_heads_usable", lambda t: False)
-        _, general, _, _ = _run(checkpoints["mid"], items, width=4, decode=True, max_num_seqs=4)
-    assert rec.checks == general.checks and sum(rec.candidates.values()) == sum(general.candidates.values())
