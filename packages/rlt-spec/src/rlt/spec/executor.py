@@ -126,6 +126,10 @@ class LaggedSpecStep:
         return self._result
 
 
+#: :meth:`SpeculativeExecutor._wide_heads`: the step's wide rows need the general heads path
+_GENERAL = object()
+
+
 @attrs.frozen
 class _WideSplit:
     """A step's chain heads split for the fused path: the wide rows' part, the narrow rows (drafting,
@@ -271,8 +275,11 @@ class SpeculativeExecutor(EagerExecutor):
         heads = np.concatenate([sampled, drafting, checking])
         if not len(heads):
             return LaggedSpecStep(shape, None)
+        wide = None
         if not self.fused_heads_off and fused_heads_usable(last) and argmax_only(self.sampler.table, b.slots[heads]):
             wide = self._wide_heads(b, drafting, checking)
+        if wide is not _GENERAL and not self.fused_heads_off and fused_heads_usable(last) and argmax_only(
+                self.sampler.table, b.slots[heads]):
             if wide is not None:
                 drafting, checking = wide.narrow
             chain_rows = [b.rows[i] for i in np.concatenate([drafting, checking])]
@@ -310,10 +317,11 @@ class SpeculativeExecutor(EagerExecutor):
                 verdicts[rows] = heads.check.accepted.long()
         return LaggedSpecStep(shape, torch.stack([tokens, counts, verdicts]))
 
-    def _wide_heads(self, b, drafting: np.ndarray, checking: np.ndarray) -> "_WideSplit | None":
+    def _wide_heads(self, b, drafting: np.ndarray, checking: np.ndarray):
         """A lagged step's wide-chain rows for the fused heads (:class:`rlt.spec.heads.WideHeads`): checks
         against the candidates, first rows' drafts into the candidates' inputs, candidates' drafts into
-        their scratch and their groups' promotion descriptor; None when the step has none."""
+        their scratch and their groups' promotion descriptor; None when the step has none; ``_GENERAL``
+        when the fused kernels cannot take them (candidates of two draft depths in one step)."""
         rows = b.rows
         wchk = np.asarray([i for i in checking if rows[i].width > 1], np.int64)
         wdr = np.asarray([i for i in drafting if rows[i].width > 1], np.int64)
@@ -336,7 +344,7 @@ class SpeculativeExecutor(EagerExecutor):
                     first_dst.append(lane.T)
         planes = {len(r.lane[0]) for r in groups.values()}
         if len(planes) > 1:
-            return None  # two draft depths in one step (requests' own draft_loops): the general path
+            return _GENERAL  # two draft depths in one step (requests' own draft_loops): the general path
         desc = np.zeros((len(groups), 0), np.int64)
         p = planes.pop() if planes else 0
         if groups:
