@@ -275,11 +275,9 @@ class SpeculativeExecutor(EagerExecutor):
         heads = np.concatenate([sampled, drafting, checking])
         if not len(heads):
             return LaggedSpecStep(shape, None)
-        wide = None
-        if not self.fused_heads_off and fused_heads_usable(last) and argmax_only(self.sampler.table, b.slots[heads]):
-            wide = self._wide_heads(b, drafting, checking)
-        if wide is not _GENERAL and not self.fused_heads_off and fused_heads_usable(last) and argmax_only(
-                self.sampler.table, b.slots[heads]):
+        fused = not self.fused_heads_off and fused_heads_usable(last) and argmax_only(self.sampler.table, b.slots[heads])
+        wide = self._wide_heads(b, drafting, checking) if fused else None
+        if fused and wide is not _GENERAL:
             if wide is not None:
                 drafting, checking = wide.narrow
             chain_rows = [b.rows[i] for i in np.concatenate([drafting, checking])]
