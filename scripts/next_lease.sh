@@ -18,8 +18,11 @@
 # benchmarks/results/h100-20261207-lease15) ran hs (16384 x 8: the heads' default since) and mk (the persistent
 # GEMV-chain probe: 1.08 ms a loop against 1.40 for cuBLAS + elementwise; its stream alone at 97 % of the read rate).
 # Lease 16 (H100s, benchmarks/results/h100-20261207-lease16; eleven H200 starts refused) ran ov (rows in groups on
-# parallel streams: 1.28x one call, not built) and a (the whole suite: 222 passed).
-# Next lease, by priority:
+# parallel streams: 1.28x one call, not built) and a (the whole suite: 222 passed). Lease 17 (an H100,
+# benchmarks/results/h100-20261207-lease17) ran wd (wide chains: 1.80x plain at a plain chain's acceptance 0.83 with the
+# fused wide heads; their GPU test failed for mixed draft depths in one step — fixed on CPU, not re-run).
+# Next lease, by priority (wd with WD_SCALES=0.01 on any card first if the lease is short: the fixed fused path's
+# GPU test, ~1.5 min):
 #   k128 (H200 only: C=128 1K/128, the lease-13 defaults against the old projection rows and attention tiles;
 #   K128_PART=b first — the default at 32K and 64K budgets, fullrows at 32K —, then a) > mk on an H200 (the probe
 #   against that device's read rate: issue 10's C=1 projection) > i's C=128 decode profile (H200 only) > h (FA4) > d.
