@@ -128,10 +128,12 @@ def test_lanes_bound_the_wide_requests(spec_checkpoints):
 
 
 def test_wide_helpers_match_eager_indexing():
-    """promote_winners: the winner is the candidate that ran the slot's token; its state, drafts and
+    """promote_winners (addresses from Groups.of): the winner is the candidate that ran the slot's token; its state, drafts and
     KV entries (every plane below d) land where the chain row and the next candidates read them."""
     from rlt.attention import KVCache, KVLayout
-    from rlt.spec.wide import promote_winners
+    from types import SimpleNamespace
+
+    from rlt.spec.wide import Groups, promote_winners
 
     torch.manual_seed(0)
     kv = KVCache.allocate(num_layers=2, num_blocks=12, block_size=4, num_kv_heads=1, head_dim=2, num_planes=3,
@@ -150,9 +152,11 @@ def test_wide_helpers_match_eager_indexing():
     canonical = np.array([[8, 9]])
     before_k = kv.k.clone()
     want_state = state[11].clone()
-    promote_winners(kv=kv, state_table=state, token_table=tokens, logits=logits, slots=np.array([1]),
-                    candidate_entries=cand, chain_entries=np.array([15]), private=private, canonical=canonical,
-                    offsets=np.array([2]), device=torch.device("cpu"))
+    tables = np.zeros((2, 3, 1), np.int32)
+    tables[1, :p, 0] = canonical[0]  # slot 1's page 0, planes 0 and 1
+    row = SimpleNamespace(slot=1, start=2, lane=tuple(map(tuple, private[0])), candidates=tuple(cand[0]), chain_entry=15)
+    promote_winners(kv=kv, state_table=state, token_table=tokens, logits=logits, groups=Groups.of([row], tables, 4),
+                    device=torch.device("cpu"))
     assert torch.equal(state[15], want_state)
     assert tokens[torch.tensor(cand[0])].tolist() == logits[1].topk(w).indices.tolist()
     for plane in range(p):

@@ -172,7 +172,7 @@ class StaticDecodeBuffers:
         own page tables ``own`` (mirror entry -> table) that changed."""
         rows = host_tables[slots]
         changed = (rows != self._shadow[slots]).reshape(len(slots), -1).any(axis=1)
-        dirty = np.unique(slots[changed])
+        dirty = np.unique(slots[changed]) if changed.any() else slots[:0]  # the common case: nothing changed
         self._shadow[dirty] = host_tables[dirty]
         if own:
             entries = np.fromiter(own, np.int64, len(own))

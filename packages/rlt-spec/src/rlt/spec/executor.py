@@ -45,7 +45,7 @@ from rlt.platform.engine.staging import to_device
 from rlt.spec.heads import PromotionError, WideHeads, fused_heads_usable, greedy_heads
 from rlt.spec.rows import CHAIN, DRAFT, PLAIN, VERIFY, CandidateRow, SpecStepResult, row_column
 from rlt.spec.verify import Checked
-from rlt.spec.wide import promote_winners, sync_pages, wide_accepted
+from rlt.spec.wide import Groups, first_row_pages, promote_winners, sync_pages, wide_accepted
 
 _NEVER_EXIT = 1 << 30
 log = logging.getLogger("rlt.spec")
@@ -160,7 +160,7 @@ class SpeculativeExecutor(EagerExecutor):
         #: wide chains' fused heads: per slot the winner its last check found, and past the token table's
         #: entries, per slot ``width`` x ``width`` scratch entries (each candidate's best next tokens)
         self.winner = torch.zeros(n, dtype=torch.int64, device=self.device)
-        self.scratch = entries
+        self.scratch_base = entries
         self.hidden = self.state_table[:n]
         self.draft_q: torch.Tensor | None = None
         #: the token table (``Executor.token_table``, the same layout as the state table): per slot
@@ -326,39 +326,27 @@ class SpeculativeExecutor(EagerExecutor):
         if not len(wchk) and not len(wdr):
             return None
         w = self.width
-        bs = self.kv.block_size
-        entries = [rows[i].candidates[0] for i in wchk]
-        groups, first_src, first_dst = {}, [], []
-        for i in wdr:
-            r = rows[i]
-            if isinstance(r, CandidateRow):
-                entries.append(self.scratch + r.slot * w * w + r.candidate * w)
-                groups.setdefault(r.slot, r)
-            else:  # a first row: its W best are the candidates' inputs; its page into their blocks
-                entries.append(r.candidates[0])
-                lane = np.asarray(r.lane, np.int64)
-                if (r.start + 1) % bs:
-                    first_src.append(self.block_tables[r.slot, : lane.shape[1], r.start // bs])
-                    first_dst.append(lane.T)
-        planes = {len(r.lane[0]) for r in groups.values()}
-        if len(planes) > 1:
+        first = [rows[i] for i in wdr if not isinstance(rows[i], CandidateRow)]
+        groups = {rows[i].slot: rows[i] for i in wdr if isinstance(rows[i], CandidateRow)}
+        if len({len(r.lane[0]) for r in groups.values()}) > 1:
             return _GENERAL  # two draft depths in one step (requests' own draft_loops): the general path
-        desc = np.zeros((len(groups), 0), np.int64)
-        p = planes.pop() if planes else 0
+        # checks judge the candidates' inputs; first rows draft into them, candidates into their scratch
+        entries = [rows[i].candidates[0] if not isinstance(rows[i], CandidateRow)
+                   else self._scratch(rows[i].slot) + rows[i].candidate * w for i in np.concatenate([wchk, wdr])]
+        desc, planes = np.zeros((0, 0), np.int64), 0
         if groups:
-            out = []
-            for slot, r in sorted(groups.items()):
-                page = self.block_tables[slot, :p, r.start // bs].astype(np.int64) * bs + r.start % bs
-                priv = np.asarray(r.lane, np.int64).T * bs + r.start % bs  # [P, W]
-                out.append(np.concatenate([[slot, r.candidates[0], self.scratch + slot * w * w, r.chain_entry],
-                                           np.concatenate([page[:, None], priv], axis=1).reshape(-1)]))
-            desc = np.stack(out).astype(np.int64)
+            g = Groups.of([groups[s] for s in sorted(groups)], self.block_tables, self.kv.block_size)
+            desc, planes = g.descriptor(self._scratch(g.slots)), g.num_planes
         narrow = (np.asarray([i for i in drafting if rows[i].width == 1], np.int64),
                   np.asarray([i for i in checking if rows[i].width == 1], np.int64))
         heads = WideHeads(checking=wchk, drafting=wdr, entries=np.asarray(entries, np.int64), width=w,
-                          winner=self.winner, groups=desc, planes=p, kv=self.kv, state=self.state_table)
-        sync = (np.concatenate(first_src), np.concatenate(first_dst)) if first_src else None
-        return _WideSplit(heads, narrow, (drafting, checking), sync)
+                          winner=self.winner, groups=desc, planes=planes, kv=self.kv, state=self.state_table)
+        return _WideSplit(heads, narrow, (drafting, checking),
+                          first_row_pages(first, self.block_tables, self.kv.block_size))
+
+    def _scratch(self, slots):
+        """The token-table entries of slots' scratch (the fused heads' candidates' W best, W per candidate)."""
+        return self.scratch_base + slots * self.width * self.width
 
     def _heads(self, b, base: StepResult, role: np.ndarray, d: np.ndarray, last: torch.Tensor) -> SpecStepResult:
         """The step's result: ``base`` (the plain rows') merged with what the speculative rows
@@ -476,20 +464,13 @@ class SpeculativeExecutor(EagerExecutor):
             self.token_table[entries[sel]] = tokens
             if q is not None:
                 self._q_buffer()[self._dev(slots[narrow]), self._dev(ring[narrow])] = q
-        bs = self.kv.block_size
         first = np.nonzero(kind == 1)[0]
         if len(first):  # the candidates' inputs, and the page below d into their private blocks
             cand = self._dev(np.stack([rows[i].candidates for i in first]))
             self.token_table[cand.view(-1)] = logits[self._dev(first)].topk(self.width, dim=-1).indices.reshape(-1)
-            src, dst = [], []
-            for i in first:
-                r = rows[i]
-                lane = np.asarray(r.lane, np.int64)  # [W, d]
-                if (r.start + 1) % bs:  # the next position shares the page: its earlier entries
-                    src.append(self.block_tables[r.slot, : lane.shape[1], r.start // bs])
-                    dst.append(lane.T)
-            if src:
-                sync_pages(self.kv, np.concatenate(src), np.concatenate(dst), self.device)
+            pages = first_row_pages([rows[i] for i in first], self.block_tables, self.kv.block_size)
+            if pages is not None:
+                sync_pages(self.kv, *pages, self.device)
         cands = np.nonzero(kind == 2)[0]
         if len(cands):
             order = np.asarray(sorted(cands, key=lambda i: (rows[i].slot, rows[i].candidate)), np.int64)
@@ -502,18 +483,9 @@ class SpeculativeExecutor(EagerExecutor):
         winners (:func:`rlt.spec.wide.promote_winners`)."""
         if len(rows) % self.width or any(r.candidate != j % self.width for j, r in enumerate(rows)):
             raise RuntimeError("a wide chain's candidates must reach depth d together, all of them")
-        group = rows[:: self.width]
-        bs = self.kv.block_size
-        pos = np.fromiter((r.start for r in group), np.int64, len(group))
-        slots = np.fromiter((r.slot for r in group), np.int64, len(group))
-        p = len(group[0].lane[0])
-        promote_winners(
-            kv=self.kv, state_table=self.state_table, token_table=self.token_table, logits=logits, slots=slots,
-            candidate_entries=np.asarray([r.candidates for r in group], np.int64),
-            chain_entries=np.fromiter((r.chain_entry for r in group), np.int64, len(group)),
-            private=np.asarray([r.lane for r in group], np.int64),
-            canonical=self.block_tables[slots[:, None], np.arange(p)[None, :], (pos // bs)[:, None]].astype(np.int64),
-            offsets=pos % bs, device=self.device)
+        promote_winners(kv=self.kv, state_table=self.state_table, token_table=self.token_table, logits=logits,
+                        groups=Groups.of(rows[:: self.width], self.block_tables, self.kv.block_size),
+                        device=self.device)
 
     def _draft(self, b, rows: np.ndarray, last: torch.Tensor) -> np.ndarray:
         """The next drafts of draft rows that reached depth d (-1 for a round's last position);

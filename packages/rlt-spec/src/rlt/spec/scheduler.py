@@ -93,7 +93,7 @@ class SpeculativeScheduler(Wrapped):
         super().__init__(inner)
         #: wide chains' candidates per position (1: plain chains only) and the lanes of private blocks
         #: (per lane, per candidate, per plane below the model's depth), free ones and each request's
-        self.width = width if overlap else 1
+        self.width = width  # 1 unless overlapped (rlt.spec.feature.wide_width)
         self.lanes_free: list[tuple[tuple[int, ...], ...]] = []
         self.lanes: "weakref.WeakKeyDictionary[Request, tuple]" = weakref.WeakKeyDictionary()
         if self.width > 1:

@@ -29,6 +29,7 @@ model's whichever candidate wins.
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import torch
 
@@ -67,24 +68,66 @@ def wide_accepted(candidate_tokens: torch.Tensor, token_ids: torch.Tensor) -> to
     return (candidate_tokens == token_ids[:, None]).any(dim=1)
 
 
-def promote_winners(*, kv, state_table: torch.Tensor, token_table: torch.Tensor, logits: torch.Tensor,
-                    slots: np.ndarray, candidate_entries: np.ndarray, chain_entries: np.ndarray,
-                    private: np.ndarray, canonical: np.ndarray, offsets: np.ndarray, device) -> None:
-    """Finish ``G`` candidate groups that reached depth ``d`` this step (one group per slot, its
-    ``W`` rows' logits ``logits [G * W, V]`` in candidate order).
+@attrs.frozen
+class Groups:
+    """``G`` candidate groups (one per slot) reaching depth ``d`` in one step, with ``P`` draft-depth
+    planes: the host-known addresses of their promotion (flat ``block * block_size + offset`` for KV)."""
 
-    ``candidate_entries [G, W]``: the candidates' state / token-table entries; ``chain_entries [G]``:
-    the state entry of the position's chain row; ``private [G, W, P]``: each candidate's private
-    block per plane below ``d`` (``P`` = d); ``canonical [G, P]``: the request's block of the
-    position's page per plane; ``offsets [G]``: the position's offset in its page."""
-    g, w = candidate_entries.shape
-    planes = private.shape[2]
-    bs = kv.block_size
-    # every host-known index in one upload (no host wait): candidates' entries, slots, chain-row
-    # entries, private addresses [G, P, W] and the page's addresses [G, P] at the position
-    parts = [candidate_entries.reshape(-1), slots, chain_entries,
-             (private.transpose(0, 2, 1) * bs + offsets[:, None, None]).reshape(-1),
-             (canonical * bs + offsets[:, None]).reshape(-1)]
+    slots: np.ndarray  # [G]
+    candidate_entries: np.ndarray  # [G, W] the candidates' state / token-table entries
+    chain_entries: np.ndarray  # [G] the state entry of the position's chain row
+    private: np.ndarray  # [G, P, W] each candidate's KV entry at the position, per plane
+    page: np.ndarray  # [G, P] the request's own KV entry at the position, per plane
+
+    @classmethod
+    def of(cls, rows, block_tables: np.ndarray, block_size: int) -> "Groups":
+        """From one candidate row per group (any of its candidates; one draft depth for all)."""
+        slots = np.fromiter((r.slot for r in rows), np.int64, len(rows))
+        pos = np.fromiter((r.start for r in rows), np.int64, len(rows))
+        off = pos % block_size
+        planes = len(rows[0].lane[0])
+        page = block_tables[slots[:, None], np.arange(planes)[None, :], (pos // block_size)[:, None]]
+        return cls(slots=slots, candidate_entries=np.asarray([r.candidates for r in rows], np.int64),
+                   chain_entries=np.fromiter((r.chain_entry for r in rows), np.int64, len(rows)),
+                   private=np.asarray([r.lane for r in rows], np.int64).transpose(0, 2, 1) * block_size
+                   + off[:, None, None],
+                   page=page.astype(np.int64) * block_size + off[:, None])
+
+    @property
+    def num_planes(self) -> int:
+        return self.private.shape[1]
+
+    def descriptor(self, scratch: np.ndarray) -> np.ndarray:
+        """``[G, 4 + P * (1 + W)]``: :func:`rlt.spec.heads_kernel.promote_kernel`'s per-group row — slot,
+        first candidate entry, scratch entry (``scratch [G]``: each candidate's W best next tokens), chain
+        row entry, then per plane the page's address and the W private ones."""
+        per_plane = np.concatenate([self.page[:, :, None], self.private], axis=2).reshape(len(self.slots), -1)
+        head = np.stack([self.slots, self.candidate_entries[:, 0], scratch, self.chain_entries], axis=1)
+        return np.concatenate([head, per_plane], axis=1).astype(np.int64)
+
+
+def first_row_pages(rows, block_tables: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """What wide chains' first rows reaching depth ``d`` copy (:func:`sync_pages`): per row and plane
+    below ``d``, the request's block of the row's page (``src [E]``) and the candidates' private blocks
+    (``dst [E, W]``); nothing for a row whose next position opens a new page. None when nothing."""
+    src, dst = [], []
+    for r in rows:
+        if (r.start + 1) % block_size:
+            lane = np.asarray(r.lane, np.int64)  # [W, d]
+            src.append(block_tables[r.slot, : lane.shape[1], r.start // block_size])
+            dst.append(lane.T)
+    return (np.concatenate(src).astype(np.int64), np.concatenate(dst)) if src else None
+
+
+def promote_winners(*, kv, state_table: torch.Tensor, token_table: torch.Tensor, logits: torch.Tensor,
+                    groups: Groups, device) -> None:
+    """Finish the candidate ``groups`` that reached depth ``d`` this step, their ``W`` rows' logits
+    ``logits [G * W, V]`` group by group in candidate order."""
+    g, w = groups.candidate_entries.shape
+    planes = groups.num_planes
+    # every host-known index in one upload (no host wait)
+    parts = [groups.candidate_entries.reshape(-1), groups.slots, groups.chain_entries, groups.private.reshape(-1),
+             groups.page.reshape(-1)]
     cuts = np.cumsum([0] + [len(p) for p in parts])
     packed = to_device(np.concatenate(parts).astype(np.int64), device)
     entries, slot_dev, chain_dev, priv, page = (packed[cuts[i]:cuts[i + 1]] for i in range(len(parts)))
