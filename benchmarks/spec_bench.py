@@ -114,7 +114,8 @@ class Bench:
         if not decode:
             enabled.update({f.name: False for f in self.decode_features})
         chain_lag = {} if a.chain_lag is None else {"chain_lag": a.chain_lag}
-        feature_options = {"self_spec": SpecOptions(adaptive=adaptive, **{**chain_lag, **(options or {})})}
+        feature_options = {"self_spec": SpecOptions(adaptive=adaptive,
+                                                    **{"width": a.chain_width, **chain_lag, **(options or {})})}
         if decode and a.pipeline_depth is not None:
             pipeline = next(f for f in self.decode_features if f.name == "pipeline")
             feature_options["pipeline"] = pipeline.options(depth=a.pipeline_depth)
@@ -209,6 +210,9 @@ def parse_args(argv=None, *, prog: str = "python -m benchmarks.spec_bench", desc
     ap.add_argument("--chain-lag", type=int, default=None,
                     help="--self-spec-chain-lag for every engine (default: its own): steps in flight while a chain "
                          "is open (at most the pipeline's depth)")
+    ap.add_argument("--chain-width", type=int, default=1,
+                    help="--self-spec-width for every engine (default 1: plain chains, whose per-draft acceptance the "
+                         "tables report; wide chains against plain ones: benchmarks/spec_wide.py)")
     ap.add_argument("--work-dir")
     ap.add_argument("--out-dir", default="benchmarks/results/spec-latest")
     if extra is not None:

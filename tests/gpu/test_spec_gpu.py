@@ -90,7 +90,7 @@ def test_wide_chains_fp32_greedy_exact_on_gpu(tiny_checkpoint, tmp_path, scale, 
     cfg = EngineConfig(model=str(path), dtype="float32", device="cuda", attention_backend="triton", block_size=16)
     engine = build_engine(cfg, features=features() + (DECODE if decode else []),
                           enabled={"self_spec": True, "async_self_spec": True},
-                          options={"self_spec": SpecOptions(adaptive=False, width=4)})
+                          options={"self_spec": SpecOptions(adaptive=False, width=4, wide_lanes=8)})
     seen = []
     engine.add_observer(type("Seen", (), {"on_step": lambda self, b, r: seen.append(
         sum(type(x).__name__ == "CandidateRow" for x in b.rows))})())

@@ -161,22 +161,30 @@ def test_overlapped_seeded_sampling_is_reproducible(spec_checkpoints):
 def test_max_decode_rows_bounds_every_step(spec_checkpoints):
     """The scheduler's ``max_decode_rows`` (what a static decode path sizes its buffers by) is one
     row per request plus each speculating request's extra rows — a chain's at most min(K_max + 1, D),
-    a round's verification K_max + 1 — for at most ``max_running`` speculating requests under
-    adaptive K, within the step budget; no step of a full engine exceeds it."""
+    a round's verification K_max + 1, a wide chain's W (its older position's row and the newest one's
+    W candidates) for at most ``wide_lanes`` requests — for at most ``max_running`` speculating
+    requests under adaptive K, within the step budget; no step of a full engine exceeds it."""
     from rlt.spec.feature import SpecOptions
 
-    for overlap, adaptive, want in ((True, False, 6 + 6 * 3), (False, False, 6 + 6 * 4), (True, True, 6 + 2 * 3)):
+    cases = ((True, False, 1, 6, 1, 6 + 6 * 3), (False, False, 1, 6, 1, 6 + 6 * 4), (True, True, 1, 2, 1, 6 + 2 * 3),
+             # wide: two lanes, each adding 1 + W - min(K_max + 1, D) rows; chains start wide only while at most
+             # two requests run, so two requests (draft depth 2 of 4) run wide
+             (True, False, 4, 2, 2, 6 + 6 * 3 + 2 * 1))
+    for overlap, adaptive, width, n, d, want in cases:
         engine = spec_engine(spec_checkpoints[1], overlap=overlap, max_num_seqs=6,
-                             options=SpecOptions(adaptive=adaptive, max_running=2, max_num_tokens=4))
+                             options=SpecOptions(adaptive=adaptive, max_running=2, max_num_tokens=4, width=width,
+                                                 wide_lanes=2))
         sched = engine.ctx.parts.scheduler
-        assert sched.max_decode_rows == want, (overlap, adaptive)
+        assert sched.max_decode_rows == want, (overlap, adaptive, width)
         widest = []
         engine.add_observer(type("W", (), {"on_step": lambda self, b, r: widest.append(len(b.rows))})())
         reqs = [(f"r{i}", [5 + i, 6, 7], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
-                                                       speculation={"num_tokens": 4, "draft_loops": 1}))
-                for i in range(2 if adaptive else 6)]  # adaptive: the gate is open at 2 running
+                                                       speculation={"num_tokens": 4, "draft_loops": d}))
+                for i in range(n)]  # adaptive: the gate is open at 2 running
         drain(engine, reqs)
-        assert len(reqs) < max(widest) <= want, (overlap, adaptive, max(widest))
+        assert len(reqs) < max(widest) <= want, (overlap, adaptive, width, max(widest))
+        if width > 1:  # the candidates ran: more rows than two plain chains' (at most min(K_max + 1, D) each)
+            assert max(widest) > 2 * 4, max(widest)
 
 
 def test_lag_adds_its_steps_to_every_rejection():

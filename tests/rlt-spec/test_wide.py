@@ -28,6 +28,7 @@ class Rows:
         self.candidates: dict[str, int] = {}
         self.checks: list[bool] = []
         self.most_wide = 0  # the most requests with candidates in one step
+        self.wide_at: list[int] = []  # per step with candidates: the requests with rows in it
 
     def on_step(self, batch, result) -> None:
         wide = set()
@@ -36,6 +37,8 @@ class Rows:
                 wide.add(r.request.request_id)
                 self.candidates[r.request.request_id] = self.candidates.get(r.request.request_id, 0) + 1
         self.most_wide = max(self.most_wide, len(wide))
+        if wide:
+            self.wide_at.append(len({r.request.request_id for r in batch.rows}))
         acc = getattr(result, "accepted", None)
         if acc is not None:
             role = row_column(batch.rows, "role", 0, np.int8)
@@ -49,8 +52,9 @@ def _items(seed: int, n: int, **sp):
             for i in range(n)]
 
 
-def _run(path, items, *, width, **cfg):
-    engine = spec_engine(path, overlap=True, options=SpecOptions(adaptive=False, width=width), **cfg)
+def _run(path, items, *, width, lanes=8, **cfg):
+    """Every request may run wide here (a lane per slot: the engine's default is one lane)."""
+    engine = spec_engine(path, overlap=True, options=SpecOptions(adaptive=False, width=width, wide_lanes=lanes), **cfg)
     rec = Rows()
     stats = SpecStats()
     engine.add_observer(rec)
@@ -113,18 +117,20 @@ def test_requests_that_cannot_run_wide_run_plain_chains(spec_checkpoints):
     assert all(o.error is None and len(o.token_ids) == 12 for o in outs.values())
 
 
-def test_lanes_bound_the_wide_requests(spec_checkpoints):
-    """One lane: one request at a time runs wide; the others run plain chains, all exact."""
+def test_chains_start_wide_only_while_no_more_requests_run_than_lanes(spec_checkpoints):
+    """Two lanes, three requests admitted together: while all three run, every chain is plain (each
+    candidate row reads its request's whole context, so the defaults keep them to small batches);
+    once the shortest finishes, the other two run wide."""
     path = spec_checkpoints[1]
-    items = _items(5, 3, speculation={"num_tokens": 4, "draft_loops": 2})
-    engine = spec_engine(path, overlap=True, options=SpecOptions(adaptive=False, width=4, wide_lanes=1), max_num_seqs=3)
-    rec = Rows()
-    engine.add_observer(rec)
-    outs = drain(engine, items)
+    sp = lambda n: SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True,  # noqa: E731
+                                  speculation={"num_tokens": 4, "draft_loops": 2})
+    items = [("short", [5, 9, 40], sp(6)), ("a", [5, 9, 41], sp(24)), ("b", [7, 9, 42], sp(24))]
+    outs, rec, _, _ = _run(path, items, width=4, lanes=2, max_num_seqs=3)
     ref = reference(path)
-    for rid, prompt, sp in items:
-        assert list(outs[rid].token_ids) == reference_generate(ref, prompt, max_tokens=sp.max_tokens)[0]
-    assert rec.most_wide == 1  # never two requests wide in one step: one lane
+    for rid, prompt, p in items:
+        assert list(outs[rid].token_ids) == reference_generate(ref, prompt, max_tokens=p.max_tokens)[0]
+    assert set(rec.candidates) == {"a", "b"}
+    assert max(rec.wide_at) <= 2, rec.wide_at
 
 
 def test_wide_helpers_match_eager_indexing():

@@ -55,9 +55,11 @@ class EngineConfig:
         "depth-aware KV semantics", choices=tuple(k.value for k in KVLayout)))
     block_size: int = attrs.field(default=16, validator=_positive("block_size"), metadata=_meta(
         "tokens per KV block", type=positive_int))
-    #: KV pool size in blocks; None sizes it from memory.
+    #: KV blocks requests can hold; None sizes the pool from memory. Blocks an enabled feature reserves
+    #: (rlt-spec's wide chains) come on top of an explicit count.
     num_kv_blocks: int | None = attrs.field(default=None, validator=_positive("num_kv_blocks"), metadata=_meta(
-        "KV pool size in blocks (default: from memory)", type=positive_int))
+        "KV blocks requests can hold (default: from memory; blocks a feature reserves come on top)",
+        type=positive_int))
     #: fraction of free device memory the KV pool may take (GPU/NPU).
     gpu_memory_utilization: float = attrs.field(default=0.9, metadata=_meta(
         "fraction of free device memory the KV pool may take"))

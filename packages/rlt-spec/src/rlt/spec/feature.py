@@ -59,6 +59,14 @@ LAGGED_STEP_COST = 1.1
 #: 2.99x — with plain decoding unchanged; plain steps keep the pipeline's own depth (host slack when
 #: serving many requests, where the max_running gate keeps chains off anyway).
 CHAIN_LAG = 1
+#: wide chains' defaults (docs/spec.md "Wide chains"): four candidates per new position, for one request at
+#: a time. MEASURED (H100, Ouro-1.4B shapes, bf16, C = 1, d = 2, K = 8, benchmarks/results/h100-20261207-lease17):
+#: four-wide 1.80x plain decoding at a plain chain's acceptance 0.83 (plain chain 1.50x), 1.51x vs 1.11x at
+#: 0.59, 1.86x vs 1.78x at 0.95; a wide step cost 1.09x a plain chain's at short contexts. Each candidate row
+#: reads its request's whole context, so at several requests with long contexts the extra rows cost more than
+#: at C = 1 and nothing measured them there: one lane, and a chain starts wide only while one request runs.
+WIDE_WIDTH = 4
+WIDE_LANES = 1
 
 @attrs.frozen
 class SpecOptions:
@@ -86,13 +94,15 @@ class SpecOptions:
                 "(a rejection is read this many steps late; the pipeline's --pipeline-depth when smaller; "
                 f"default {CHAIN_LAG}: measured faster than depth 2 for chains on the H200, docs/spec.md)"})
 
-    width: int = attrs.field(default=1, metadata={
+    width: int = attrs.field(default=WIDE_WIDTH, metadata={
         "help": "overlapped chains of greedy requests run each new position as this many candidates, the draft's "
                 "best tokens, until the draft depth; the one that ran the full-depth token goes on (1: plain chains; "
-                "needs draft_loops >= half the depth; docs/spec.md, 'Wide chains')"})
-    wide_lanes: int = attrs.field(default=8, metadata={
+                f"needs draft_loops >= half the depth; default {WIDE_WIDTH}: measured faster than plain chains at "
+                "every acceptance at C = 1; docs/spec.md, 'Wide chains')"})
+    wide_lanes: int = attrs.field(default=WIDE_LANES, metadata={
         "help": "requests that may run wide chains at once (each holds width private KV blocks per draft-depth plane, "
-                "reserved at startup)"})
+                "reserved at startup); a chain starts wide only while at most this many requests run (each candidate "
+                f"row reads its whole context: default {WIDE_LANES}, the concurrency wide chains were measured at)"})
 
     def __attrs_post_init__(self) -> None:
         for name, lo in (("num_tokens", 0), ("draft_loops", 0), ("max_num_tokens", 1), ("probe_interval", 1),

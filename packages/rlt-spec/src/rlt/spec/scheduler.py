@@ -37,7 +37,8 @@ like any decode request (a swapped or recomputed request resumes from its record
 Wide chains (``--self-spec-width W`` > 1): a greedy request whose draft depth is at least half
 its depth (a position's check must come no later than the next position's drafts) and that holds
 one of the ``lanes`` (each ``W`` private blocks per draft-depth plane, reserved from the KV pool at
-startup; a request keeps its lane until it finishes) runs each new position as ``W`` candidate rows
+startup; a request keeps its lane until it finishes; a chain starts wide only while no more requests
+run than there are lanes, ``--self-spec-wide-lanes``, default 1) runs each new position as ``W`` candidate rows
 until depth ``d`` (:class:`rlt.spec.rows.CandidateRow`), then as its chain row; other requests run
 plain chains. The host's view is unchanged: one row per position, one verdict per check.
 
@@ -104,6 +105,7 @@ class SpeculativeScheduler(Wrapped):
                     break
                 self.lanes_free.append(tuple(tuple(blocks[j * (num_loops - 1):(j + 1) * (num_loops - 1)])
                                              for j in range(self.width)))
+        self.num_lanes = len(self.lanes_free)
         #: steps until a chain's verdict is read (chains read back lagged: the pipeline's depth, at most
         #: ``options.chain_lag``: :attr:`max_in_flight`)
         self.lag = lag
@@ -137,15 +139,15 @@ class SpeculativeScheduler(Wrapped):
         speculate at once, the rest of its rows — a round verifies up to ``ring`` positions at once;
         a chain has at most ``ring`` rows in flight and at most one per loop (rows start at least
         one loop apart). Adaptive K with the ``max_running`` gate lets at most ``max_running``
-        requests speculate at once; a wide chain holds at most its older position's row and the newest
-        one's candidates. All within the step budget."""
-        per_request = self.ring
-        if self.overlap:  # a wide chain (d >= D - d) has at most two positions in flight: the older one's row
-            # and the newest one's candidates
-            per_request = max(min(self.ring, self.num_loops), 1 + self.width if self.width > 1 else 0)
+        requests speculate at once; a wide chain (at most ``wide_lanes`` at once) holds at most its older
+        position's row and the newest one's candidates. All within the step budget."""
         o = self.options
         speculating = self.num_slots if not (o.adaptive and o.max_running) else min(self.num_slots, o.max_running)
-        return max(1, min(self.budget, self.num_slots + speculating * (per_request - 1)))
+        if not self.overlap:
+            return max(1, min(self.budget, self.num_slots + speculating * (self.ring - 1)))
+        per_chain = min(self.ring, self.num_loops)
+        wide = min(speculating, self.num_lanes) * max(0, 1 + self.width - per_chain) if self.width > 1 else 0
+        return max(1, min(self.budget, self.num_slots + speculating * (per_chain - 1) + wide))
 
     # -- requests ------------------------------------------------------------------------------
     def resolve(self, request: Request) -> AcceptanceTracker | None:
@@ -309,9 +311,11 @@ class SpeculativeScheduler(Wrapped):
 
     def _wide(self, req: Request, slot: int, tracker: AcceptanceTracker) -> dict:
         """A new chain's wide fields: a lane (the request's, or a free one) when the request can run
-        wide (greedy, draft depth at least half its depth), else none (a plain chain)."""
+        wide (greedy, draft depth at least half its depth) and no more requests run than there are lanes
+        (``wide_lanes``: each candidate row reads the whole context), else none (a plain chain)."""
         d = tracker.draft_loops
-        if self.width < 2 or req.params.temperature > 0 or 2 * d < req.max_loops:
+        if (self.width < 2 or req.params.temperature > 0 or 2 * d < req.max_loops
+                or self.inner.num_running > self.options.wide_lanes):
             return {}
         lane = self.lanes.get(req)
         if lane is None:

@@ -20,15 +20,18 @@ from rlt.platform.platforms import Platform
 from rlt.platform.uva import decide_uva
 
 
-def _kv_blocks(config: EngineConfig, platform: Platform, bytes_per_block: int, full_need: int) -> int:
+def _kv_blocks(config: EngineConfig, platform: Platform, bytes_per_block: int, full_need: int,
+               reserved: int = 0) -> int:
+    """The pool's size in blocks: an explicit count (requests' blocks) plus what features reserve, else
+    what every slot can need plus the reserve, within the memory budget."""
     if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
+        return config.num_kv_blocks + reserved
     if platform.device_module is not None and hasattr(platform.device_module, "mem_get_info"):
         free, _total = platform.device_module.mem_get_info()
         budget = int(free * config.gpu_memory_utilization)
     else:
         budget = int((config.kv_cache_memory_gib or 1.0) * 2**30)
-    return max(1, min(full_need, budget // bytes_per_block))
+    return max(1, min(full_need + reserved, budget // bytes_per_block))
 
 
 def reserved_kv_blocks(feature_options: Mapping[str, Any], num_loops: int, max_num_seqs: int) -> int:
@@ -83,8 +86,8 @@ def build_context(config: EngineConfig, platform: Platform, feature_options: Map
     bpb = KVCache.bytes_per_block(num_layers=layers, block_size=config.block_size,
                                   num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=dtype)
     pages = -(-max_model_len // config.block_size)
-    num_blocks = _kv_blocks(config, platform, bpb, config.max_num_seqs * pages * planes
-                            + reserved_kv_blocks(feature_options or {}, num_loops, config.max_num_seqs))
+    num_blocks = _kv_blocks(config, platform, bpb, config.max_num_seqs * pages * planes,
+                            reserved_kv_blocks(feature_options or {}, num_loops, config.max_num_seqs))
     kv_kw = dict(num_blocks=num_blocks, block_size=config.block_size, num_kv_heads=shape.num_kv_heads,
                  head_dim=shape.head_dim, dtype=dtype, device=device)
     cache = KVCache.allocate(num_layers=shape.num_layers, num_planes=planes, layout=config.kv_layout, **kv_kw)

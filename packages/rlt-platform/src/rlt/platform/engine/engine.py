@@ -40,6 +40,7 @@ class EngineStats:
     num_running: int
     num_waiting: int
     kv_usage: float
+    #: the blocks requests can hold (the pool less what a feature reserved: KVManager.reserve)
     num_kv_blocks: int
     num_free_kv_blocks: int
     num_steps: int
@@ -169,7 +170,7 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         s, kv = self.ctx.parts.scheduler, self.ctx.parts.kv_manager
-        total = kv.num_blocks
+        total = getattr(kv, "usable_blocks", kv.num_blocks)  # blocks a feature reserved are not requests' pool
         return EngineStats(s.num_running, s.num_waiting, 0.0 if total == 0 else 1.0 - kv.num_free / total,
                            total, kv.num_free, self.core.num_steps, self.core.num_faults, s.blocked_reason,
                            self._feature_metrics())
