@@ -102,6 +102,31 @@ def test_kernel_matches_the_general_paths_effects(interpreted, monkeypatch, seed
         assert packed[0, tie_row] == 17
 
 
+@pytest.mark.parametrize("width", [2, 3, 4])
+@pytest.mark.parametrize("tiles", [(1024, 4), (4096, 8)])
+def test_wide_drafts_take_the_w_best_in_one_pass(interpreted, width, tiles):
+    """Wide drafts (WDRAFT) write a row's W best tokens, best first, in (value descending, index
+    ascending) order — what a stable sort of the logits gives — from one pass over the vocabulary:
+    each block's W best merged with the running W best. Coarse logits make ties within and across
+    blocks; a vocabulary of 4 blocks + 3 leaves a tail block with fewer than W entries; one row has
+    its W best all in the tail and in the last full block, one all equal to the row's maximum at
+    indices in three blocks."""
+    from rlt.spec.heads_kernel import WDRAFT
+
+    rng = np.random.default_rng(width)
+    vocab, n = 4 * 1024 + 3, 6
+    logits = torch.as_tensor(rng.integers(0, 40, (n, vocab)) / 8.0, dtype=torch.float32)
+    logits[1, [4098, 4097, 3071, 4096]] = torch.tensor([9.0, 9.0, 8.5, 8.5])  # the tail and the block before
+    logits[2, [2000, 5, 4097, 1030]] = 7.0  # equal best values in three blocks: index order
+    table = torch.full((n * width,), -1, dtype=torch.int64)
+    desc = torch.tensor(np.concatenate([np.arange(n), np.full(n, WDRAFT), np.arange(n) * width, np.arange(n),
+                                        np.arange(n)]), dtype=torch.int64)
+    interpreted.launch(logits, desc, n, table, torch.zeros(n, dtype=torch.bool), tiles, width=width)
+    for r in range(n):
+        want = np.lexsort((np.arange(vocab), -logits[r].numpy()))[:width]  # by value descending, then index
+        assert table[r * width:(r + 1) * width].tolist() == want.tolist(), r
+
+
 def test_usable_by_default_with_triton_unless_turned_off(interpreted, monkeypatch):
     t = torch.zeros(1)
     monkeypatch.delenv("RLT_SPEC_FUSED_HEADS", raising=False)
@@ -140,10 +165,10 @@ from rlt.spec.heads import DEFAULT_TILES
 out = {}
 for block, warps in {DEFAULT_TILES, (16384, 16), (2048, 4)}:  # the default, the sweep's largest, the old default
     for dtype in ("bf16", "fp32"):
-        for w in (1, 4):  # plain chains; wide chains' roles (W best drafts, checks against W candidates)
+        for w, wp in ((1, 1), (3, 4), (4, 4)):  # plain chains; wide chains' roles (W best drafts, checks)
             types = {"LOGITS": "*" + dtype, "DESC": "*i64", "TABLE": "*i64", "DEAD": "*u8", "OUT": "*i64",
                      "WINNER": "*i64", "stride_l": "i32"}
-            ops, usage, _ = compile_sass(greedy_heads_kernel, {"BLOCK": block, "W": w}, 90, types, set(),
+            ops, usage, _ = compile_sass(greedy_heads_kernel, {"BLOCK": block, "W": w, "WP": wp}, 90, types, set(),
                                          num_warps=warps)
             out[f"{block}x{warps}/{dtype}/W{w}"] = {"ops": len(ops), "local": usage.get("local")}
 for dtype in ("bf16", "fp32"):  # the wide chains' promotion

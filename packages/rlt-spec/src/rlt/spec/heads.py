@@ -145,10 +145,13 @@ def launch(logits: torch.Tensor, dev: torch.Tensor, n: int, token_table: torch.T
            width: int = 1) -> torch.Tensor:
     """The kernel over ``n`` rows described by ``dev`` (:func:`greedy_heads`' descriptor), ``logits`` the head
     rows' logits: the ``[3, n]`` result."""
+    import triton
+
     from rlt.spec.heads_kernel import greedy_heads_kernel
 
     block, warps = tiles or heads_tiles()
     out = torch.empty(3, n, dtype=torch.int64, device=logits.device)
     greedy_heads_kernel[(n,)](logits, logits.stride(0), dev, n, logits.shape[1], token_table, dead.view(torch.uint8),
-                              out, token_table if winner is None else winner, BLOCK=block, W=width, num_warps=warps)
+                              out, token_table if winner is None else winner, BLOCK=block, W=width,
+                              WP=triton.next_power_of_2(width), num_warps=warps)
     return out

@@ -16,27 +16,52 @@ _WCHECK, _WDRAFT = tl.constexpr(WCHECK), tl.constexpr(WDRAFT)
 
 
 @triton.jit
-def _best_after(base, vocab, prev_v, prev_i, BLOCK: tl.constexpr):
-    """The largest logit ordered after (``prev_v``, ``prev_i``) — smaller, or equal at a later index —
-    and its first index: the next of a row's best tokens in (value descending, index ascending) order."""
-    best = tl.full((), float("-inf"), tl.float32)
-    best_i = tl.full((), -1, tl.int64)
+def _at(v, ks, k):
+    """``v[k]`` of a small vector (a masked reduction: registers cannot be indexed at run time)."""
+    return tl.sum(tl.where(ks == k, v, 0), axis=0)
+
+
+@triton.jit
+def _top(base, vocab, W: tl.constexpr, WP: tl.constexpr, BLOCK: tl.constexpr):
+    """A row's ``W`` best logits' indices in (value descending, index ascending) order, in one pass over
+    the vocabulary: each block's ``W`` best (taken out of the block's registers one by one), merged with
+    the running ``W`` best like two sorted lists (an earlier block's entry first on equal values: its
+    index is smaller). ``WP``: ``W`` rounded up to a power of two (vector lengths); -1 marks none (a row with
+    fewer than ``W`` finite logits)."""
+    ks = tl.arange(0, WP)
+    run_v = tl.full((WP,), float("-inf"), tl.float32)
+    run_i = tl.full((WP,), -1, tl.int64)
     for start in range(0, vocab, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(base + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
-        after = (x < prev_v) | ((x == prev_v) & (cols > prev_i))
-        x = tl.where(after & (cols < vocab), x, float("-inf"))
-        m = tl.max(x, axis=0)
-        i = tl.argmax(x, axis=0, tie_break_left=True).to(tl.int64) + start
-        better = (m > best) | (best_i < 0)
-        best_i = tl.where(better, i, best_i)
-        best = tl.where(better, m, best)
-    return best, best_i
+        offs = tl.arange(0, BLOCK)
+        x = tl.load(base + start + offs, mask=start + offs < vocab, other=float("-inf")).to(tl.float32)
+        blk_v = tl.full((WP,), float("-inf"), tl.float32)
+        blk_i = tl.full((WP,), -1, tl.int64)
+        for k in tl.static_range(W):
+            m, i = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+            valid = (start + i < vocab) & (m > float("-inf"))  # fewer than W candidates left: none
+            blk_v = tl.where(ks == k, m, blk_v)
+            blk_i = tl.where((ks == k) & valid, start + i.to(tl.int64), blk_i)
+            x = tl.where(offs == i, float("-inf"), x)
+        new_v = tl.full((WP,), float("-inf"), tl.float32)
+        new_i = tl.full((WP,), -1, tl.int64)
+        a = tl.zeros((), tl.int32)
+        b = tl.zeros((), tl.int32)
+        for k in tl.static_range(W):
+            va, ia = _at(run_v, ks, a), _at(run_i, ks, a)
+            vb, ib = _at(blk_v, ks, b), _at(blk_i, ks, b)
+            take_a = (ia >= 0) & ((ib < 0) | (va >= vb))
+            new_v = tl.where(ks == k, tl.where(take_a, va, vb), new_v)
+            new_i = tl.where(ks == k, tl.where(take_a, ia, ib), new_i)
+            a += take_a.to(tl.int32)
+            b += (~take_a).to(tl.int32)
+        run_v = new_v
+        run_i = new_i
+    return run_i
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # the row count varies per step: one compile
 def greedy_heads_kernel(LOGITS, stride_l, DESC, n_rows, vocab, TABLE, DEAD, OUT, WINNER, BLOCK: tl.constexpr,
-                        W: tl.constexpr = 1):
+                        W: tl.constexpr = 1, WP: tl.constexpr = 1):
     row = tl.program_id(0)
     head = tl.load(DESC + row)
     role = tl.load(DESC + n_rows + row)
@@ -72,13 +97,10 @@ def greedy_heads_kernel(LOGITS, stride_l, DESC, n_rows, vocab, TABLE, DEAD, OUT,
             tl.store(TABLE + slot, best_i)
             token = best_i
             count = tl.full((), 1, tl.int64)
-        if role == _WDRAFT:  # the W best, best first
-            tl.store(TABLE + entry, best_i)
-            v = best
-            i = best_i
-            for k in tl.static_range(1, W):
-                v, i = _best_after(base, vocab, v, i, BLOCK)
-                tl.store(TABLE + entry + k, i)
+        if role == _WDRAFT:  # the W best, best first (the first is best_i: the same tie rule)
+            top = _top(base, vocab, W, WP, BLOCK)
+            top = tl.where(top < 0, best_i, top)  # no W-th finite logit: the best again (a candidate never wins twice)
+            tl.store(TABLE + entry + tl.arange(0, WP), top, mask=tl.arange(0, WP) < W)
         if role == _WCHECK:  # accepted when any candidate ran the token; the first such is the winner
             winner = tl.full((), -1, tl.int64)
             for k in tl.static_range(W):
