@@ -22,7 +22,8 @@
 # benchmarks/results/h100-20261207-lease17) ran wd (wide chains: 1.80x plain at a plain chain's acceptance 0.83 with the
 # fused wide heads; their GPU test failed for mixed draft depths in one step — fixed on CPU, not re-run). Lease 18 (an
 # H100, benchmarks/results/h100-20261207-lease18) ran wd (the fixed path's GPU test passed; 1.83x), a (228 passed),
-# plain decode against the tree before wide chains (equal) and spec_bench with width 4 (the default since).
+# plain decode against the tree before wide chains (equal) and spec_bench with width 4 (the default since); lease 19
+# (an H100) the one-pass wide drafts (GPU test passed; 1.84x, +0.6 % against W passes).
 # Next lease, by priority (on an H200: wd with WD_SCALES=0.01 first, issue 13's numbers on the issue's card):
 #   k128 (H200 only: C=128 1K/128, the lease-13 defaults against the old projection rows and attention tiles;
 #   K128_PART=b first — the default at 32K and 64K budgets, fullrows at 32K —, then a) > mk on an H200 (the probe
