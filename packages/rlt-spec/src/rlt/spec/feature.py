@@ -60,11 +60,12 @@ LAGGED_STEP_COST = 1.1
 #: serving many requests, where the max_running gate keeps chains off anyway).
 CHAIN_LAG = 1
 #: wide chains' defaults (docs/spec.md "Wide chains"): four candidates per new position, for one request at
-#: a time. MEASURED (H100, Ouro-1.4B shapes, bf16, C = 1, d = 2, K = 8, benchmarks/results/h100-20261207-lease17):
-#: four-wide 1.80x plain decoding at a plain chain's acceptance 0.83 (plain chain 1.50x), 1.51x vs 1.11x at
-#: 0.59, 1.86x vs 1.78x at 0.95; a wide step cost 1.09x a plain chain's at short contexts. Each candidate row
-#: reads its request's whole context, so at several requests with long contexts the extra rows cost more than
-#: at C = 1 and nothing measured them there: one lane, and a chain starts wide only while one request runs.
+#: a time. MEASURED (H100s, Ouro-1.4B shapes, bf16, C = 1, d = 2, K = 8, benchmarks/results/h100-20261207-lease17
+#: to -lease19): four-wide 1.80-1.84x plain decoding at a plain chain's acceptance 0.83 (the plain chain 1.50-1.52x),
+#: 1.51x vs 1.11x at 0.59, 1.86x vs 1.78x at 0.95; a wide step cost 1.065-1.09x a plain one at short contexts.
+#: Each candidate row reads its request's whole context, so at several requests with long contexts the extra rows
+#: cost more than at C = 1 and nothing measured them there: one lane, and a chain starts wide only while one
+#: request runs.
 WIDE_WIDTH = 4
 WIDE_LANES = 1
 

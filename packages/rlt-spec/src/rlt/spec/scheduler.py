@@ -105,7 +105,7 @@ class SpeculativeScheduler(Wrapped):
                     break
                 self.lanes_free.append(tuple(tuple(blocks[j * (num_loops - 1):(j + 1) * (num_loops - 1)])
                                              for j in range(self.width)))
-        self.num_lanes = len(self.lanes_free)
+        self.num_lanes = len(self.lanes_free)  # lanes reserved (wide chains at once: at most this many)
         #: steps until a chain's verdict is read (chains read back lagged: the pipeline's depth, at most
         #: ``options.chain_lag``: :attr:`max_in_flight`)
         self.lag = lag
