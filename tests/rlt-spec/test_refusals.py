@@ -78,6 +78,10 @@ def test_options_are_checked():
         SpecOptions(step_cost=0.0)
     with pytest.raises(ConfigError, match="--self-spec-max-running"):
         SpecOptions(max_running=-1)
+    for width in (0, 17):
+        with pytest.raises(ConfigError, match="--self-spec-width"):
+            SpecOptions(width=width)
+    assert SpecOptions(width=16).width == 16
 
 
 def test_feature_table(spec_checkpoints):

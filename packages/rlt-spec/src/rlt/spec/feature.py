@@ -68,6 +68,8 @@ CHAIN_LAG = 1
 #: request runs.
 WIDE_WIDTH = 4
 WIDE_LANES = 1
+#: the most candidates per position: each is a row of every wide step and an unrolled pass of the fused heads
+MAX_WIDTH = 16
 
 @attrs.frozen
 class SpecOptions:
@@ -111,6 +113,10 @@ class SpecOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < lo:
                 raise ConfigError(f"--self-spec-{name.replace('_', '-')}: must be an integer >= {lo}, got {value!r}")
+        if self.width > MAX_WIDTH:
+            raise ConfigError(f"--self-spec-width: at most {MAX_WIDTH} candidates per position, got {self.width} (the "
+                              "draft's four best already hold the full-depth token 94-100 % of the time near "
+                              "acceptance 0.8: docs/spec.md, 'Wide chains')")
         if self.num_tokens > self.max_num_tokens:
             raise ConfigError(f"--self-spec-num-tokens: {self.num_tokens} exceeds --self-spec-max-num-tokens "
                               f"({self.max_num_tokens})")
