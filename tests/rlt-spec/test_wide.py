@@ -171,3 +171,22 @@ def test_wide_helpers_match_eager_indexing():
             assert torch.equal(kv.k[:, dst, 2], src)
         assert torch.equal(kv.k[:, canonical[0, plane], 1], before_k[:, canonical[0, plane], 1])  # other offsets kept
 
+
+
+def test_lanes_come_on_top_of_an_explicit_pool(spec_checkpoints):
+    """``--num-kv-blocks N`` counts the blocks requests can hold: the lanes' private blocks are reserved on
+    top (2 lanes x 4 candidates x 3 planes below the depth of 4), the engine's stats report N (a drained engine
+    0 % used), and a request needing every one of the N blocks is admitted and decodes exactly."""
+    path = spec_checkpoints[1]
+    n = 4 * 6  # block_size 4: 6 pages x 4 planes for 3 + 20 positions
+    engine = spec_engine(path, overlap=True, options=SpecOptions(adaptive=False, width=4, wide_lanes=2),
+                         num_kv_blocks=n, max_num_seqs=2)
+    kv = engine.ctx.parts.kv_manager
+    assert kv.num_blocks == n + 2 * 4 * 3 and kv.usable_blocks == n
+    assert engine.stats().num_kv_blocks == n and engine.stats().kv_usage == 0.0
+    prompt, sp = [5, 9, 40], SamplingParams(max_tokens=21, temperature=0.0, ignore_eos=True,
+                                            speculation={"num_tokens": 4, "draft_loops": 2})
+    out = drain(engine, [("full", prompt, sp)])["full"]
+    assert out.error is None
+    assert list(out.token_ids) == reference_generate(reference(path), prompt, max_tokens=21)[0]
+    assert engine.stats().num_free_kv_blocks == n and engine.stats().kv_usage == 0.0
