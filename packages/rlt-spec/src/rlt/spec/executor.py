@@ -321,10 +321,11 @@ class SpeculativeExecutor(EagerExecutor):
         their scratch and their groups' promotion descriptor; None when the step has none; ``_GENERAL``
         when the fused kernels cannot take them (candidates of two draft depths in one step)."""
         rows = b.rows
-        wchk = np.asarray([i for i in checking if rows[i].width > 1], np.int64)
-        wdr = np.asarray([i for i in drafting if rows[i].width > 1], np.int64)
-        if not len(wchk) and not len(wdr):
+        wide_d = row_column([rows[i] for i in drafting], "width", 1, np.int64) > 1
+        wide_c = row_column([rows[i] for i in checking], "width", 1, np.int64) > 1
+        if not wide_d.any() and not wide_c.any():
             return None
+        wchk, wdr = checking[wide_c], drafting[wide_d]
         w = self.width
         first = [rows[i] for i in wdr if not isinstance(rows[i], CandidateRow)]
         groups = {rows[i].slot: rows[i] for i in wdr if isinstance(rows[i], CandidateRow)}
@@ -337,8 +338,7 @@ class SpeculativeExecutor(EagerExecutor):
         if groups:
             g = Groups.of([groups[s] for s in sorted(groups)], self.block_tables, self.kv.block_size)
             desc, planes = g.descriptor(self._scratch(g.slots)), g.num_planes
-        narrow = (np.asarray([i for i in drafting if rows[i].width == 1], np.int64),
-                  np.asarray([i for i in checking if rows[i].width == 1], np.int64))
+        narrow = (drafting[~wide_d], checking[~wide_c])
         heads = WideHeads(checking=wchk, drafting=wdr, entries=np.asarray(entries, np.int64), width=w,
                           winner=self.winner, groups=desc, planes=planes, kv=self.kv, state=self.state_table)
         return _WideSplit(heads, narrow, (drafting, checking),
