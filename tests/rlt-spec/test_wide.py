@@ -131,6 +131,7 @@ def test_chains_start_wide_only_while_no_more_requests_run_than_lanes(spec_check
         assert list(outs[rid].token_ids) == reference_generate(ref, prompt, max_tokens=p.max_tokens)[0]
     assert set(rec.candidates) == {"a", "b"}
     assert max(rec.wide_at) <= 2, rec.wide_at
+    assert rec.most_wide == 2  # both lanes in use at once, never more
 
 
 def test_wide_helpers_match_eager_indexing():
