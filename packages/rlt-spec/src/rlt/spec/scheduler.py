@@ -146,7 +146,7 @@ class SpeculativeScheduler(Wrapped):
         if not self.overlap:
             return max(1, min(self.budget, self.num_slots + speculating * (self.ring - 1)))
         per_chain = min(self.ring, self.num_loops)
-        wide = min(speculating, self.num_lanes) * max(0, 1 + self.width - per_chain) if self.width > 1 else 0
+        wide = min(speculating, self.num_lanes) * max(0, 1 + self.width - per_chain)  # no lanes at width 1
         return max(1, min(self.budget, self.num_slots + speculating * (per_chain - 1) + wide))
 
     # -- requests ------------------------------------------------------------------------------
