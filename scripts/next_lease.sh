@@ -24,8 +24,8 @@
 # H100, benchmarks/results/h100-20261207-lease18) ran wd (the fixed path's GPU test passed; 1.83x), a (228 passed),
 # plain decode against the tree before wide chains (equal) and spec_bench with width 4 (the default since); lease 19
 # (an H100) the one-pass wide drafts (GPU test passed; 1.84x, +0.6 % against W passes).
-# Next lease, by priority (on an H200 with a short lease: CALL=h200, below — wd, mk, C=1 / C=64 decode and k128's 32K
-# default in one call, ~6-7 min):
+# Next lease, by priority (on an H200 with a short lease: CALL=h200, below — k128's 32K default, C=1 / C=64 decode, mk,
+# then wd, in one call, ~7-8 min):
 #   k128 (H200 only: C=128 1K/128, the lease-13 defaults against the old projection rows and attention tiles;
 #   K128_PART=b first — the default at 32K and 64K budgets, fullrows at 32K —, then a) > mk on an H200 (the probe
 #   against that device's read rate: issue 10's C=1 projection) > i's C=128 decode profile (H200 only) > h (FA4) > d.
@@ -221,16 +221,16 @@ case $CALL in
     timeout ${OV_TIMEOUT:-300} python3 -m benchmarks.row_split_overlap --rows ${OV_ROWS:-64} --groups ${OV_GROUPS:-2,4} \
       --out "$R/split.json" > "$R/split.log" 2>&1
     echo "split rc $?"; tail -8 "$R/split.log" ;;
-  h200)  # (an H200, ~6-7 min: one call for a short lease) what the two open issues still need from that card: wd at
-    # scale 0.01 (issue 13's row: the GPU test, width 1 against 4), the persistent-kernel probe (issue 10's C=1),
-    # C=1 / C=64 decode (issue 10's first two targets on today's tree), then k128's default at a 32K-token budget
-    # (its third)
-    CALL=wd WD_SCALES=0.01 WD_PROF_TIMEOUT=1 OUT=$R bash "$0"
-    CALL=mk MK_TIMEOUT=45 OUT=$R bash "$0"
+  h200)  # (an H200, ~7-8 min: one call for a short lease) what issue 10 still needs from that card, most wanted first:
+    # k128 at a 32K-token budget (C=128 1K/128 end to end: the default against the projection rows before lease 13),
+    # C=1 / C=64 decode on today's tree, the persistent-kernel probe (the C=1 projection); then wd at scale 0.01
+    # (issue 13's H200 row, closed on H100 numbers) if the call's time allows
+    CALL=k128 K128_PART=b K128_BUDGETS="32768:full fullrows" OUT=$R bash "$0" > /dev/null 2>&1
+    grep -rh "^  median" "$R/k128" | tail -2
     SKIP_TESTS=1 VARIANTS=decode BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=80 OUT=$R/dec bash scripts/decode_h200.sh > /dev/null 2>&1
     grep -rh "^  median" "$R/dec" | tail -2
-    CALL=k128 K128_PART=b K128_BUDGETS="32768:full" OUT=$R bash "$0" > /dev/null 2>&1
-    grep -rh "^  median" "$R/k128" | tail -2 ;;
+    CALL=mk MK_TIMEOUT=45 OUT=$R bash "$0"
+    CALL=wd WD_SCALES=0.01 WD_PROF_TIMEOUT=1 OUT=$R bash "$0" ;;
   wd)  # (any card, ~4-5 min) wide chains (issue 13, docs/spec.md "Wide chains"): their GPU test, then
     # benchmarks/spec_wide.py — C = 1, d = 2, K = 8, --self-spec-width 1 against 4 at loop scales near acceptance 0.8
     timeout ${WD_TEST_TIMEOUT:-150} python3 -m pytest tests/gpu/test_spec_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" \
