@@ -231,6 +231,30 @@ case $CALL in
     grep -rh "^  median" "$R/dec" | tail -2
     CALL=mk MK_TIMEOUT=45 OUT=$R bash "$0"
     CALL=wd WD_SCALES=0.01 WD_PROF_TIMEOUT=1 OUT=$R bash "$0" ;;
+  pf)  # (any card, ~4-5 min) the fused projections at prompt-sized row counts (issue 10's C=128 end to end: prefill is
+    # ~40 % of it, 17 % of a prefill step elementwise kernels at their byte floors): benchmarks/prefill_fused_probe.py's
+    # launch-shape sweep against cuBLAS + silu_mul / rope_qk_, then the 16 x 1K prefill step (prefill_bench's profile)
+    # at the default and with the sweep's best shapes serving every prompt row (RLT_FUSED_ROWS + RLT_LINEAR_TILES)
+    timeout ${PF_PROBE_TIMEOUT:-170} python3 -m benchmarks.prefill_fused_probe --out "$R/probe.json" > "$R/probe.log" 2>&1
+    echo "probe rc $?"; grep -E "^rows|Error" "$R/probe.log" | tail -6
+    PF_TILES=$(python3 - "$R/probe.json" <<'PY'
+import json, sys
+cases = json.load(open(sys.argv[1]))["cases"]
+def best(kind):  # the shape with the least total time over the row counts (every case timed)
+    keys = [k for k in cases[0][kind] if all("us" in c[kind].get(k, {}) for c in cases)]
+    return min(keys, key=lambda k: sum(c[kind][k]["us"] for c in cases))
+print(f"silu_mul:128={best('silu')},rope_kv:128={best('rope')}")
+PY
+)
+    echo "best shapes: $PF_TILES"
+    for variant in default fused default2 fused2; do
+      if [ "${variant#fused}" != "$variant" ]; then export RLT_FUSED_ROWS=silu_mul=1048576,rope_kv=1048576 RLT_LINEAR_TILES=$PF_TILES
+      else unset RLT_FUSED_ROWS RLT_LINEAR_TILES; fi
+      timeout ${PF_TIMEOUT:-90} python3 -m benchmarks.prefill_bench --workload profile --prompt-len 1024 --profile-prompts 16 \
+        --out "$R/prefill-16x1k-$variant.json" > "$R/prefill-16x1k-$variant.log" 2>&1
+      echo "== $variant rc $?"; python3 -c "import json,sys; r=json.load(open(sys.argv[1]))[0]; print({k: r[k] for k in ('wall_ms_profiled', 'prompt_tok_per_s', 'device_busy_ms', 'ms_by_kind')})" "$R/prefill-16x1k-$variant.json" 2>&1 | tail -1
+    done
+    unset RLT_FUSED_ROWS RLT_LINEAR_TILES ;;
   wd)  # (any card, ~4-5 min) wide chains (issue 13, docs/spec.md "Wide chains"): their GPU test, then
     # benchmarks/spec_wide.py — C = 1, d = 2, K = 8, --self-spec-width 1 against 4 at loop scales near acceptance 0.8
     timeout ${WD_TEST_TIMEOUT:-150} python3 -m pytest tests/gpu/test_spec_gpu.py -m gpu -q -p no:cacheprovider -o addopts="" \
