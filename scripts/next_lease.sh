@@ -247,7 +247,7 @@ print(f"silu_mul:128={best('silu')},rope_kv:128={best('rope')}")
 PY
 )
     echo "best shapes: $PF_TILES"
-    for variant in default fused default2 fused2; do
+    for variant in ${PF_VARIANTS:-default fused default2}; do
       if [ "${variant#fused}" != "$variant" ]; then export RLT_FUSED_ROWS=silu_mul=1048576,rope_kv=1048576 RLT_LINEAR_TILES=$PF_TILES
       else unset RLT_FUSED_ROWS RLT_LINEAR_TILES; fi
       timeout ${PF_TIMEOUT:-90} python3 -m benchmarks.prefill_bench --workload profile --prompt-len 1024 --profile-prompts 16 \
