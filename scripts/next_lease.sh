@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 lease calls, CALL=a..i (and mk, at, fh, sp, b2, bc, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, p), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
+# H200 lease calls, CALL=a..i (and mk, at, fh, sp, b2, bc, d2, g2, g3, g4, g5, g6, g7, g8, g9, h200, k128, n, p, pf, wd), one device call each (<= 600 s), results under $OUT/$CALL. From the repo root:
 #   OUT=benchmarks/results/h200-<date>-leaseN CALL=g bash scripts/next_lease.sh
 # Lease 9 (benchmarks/results/h200-20261205-lease9) ran g3, a, g2, d2 (lags 2, 1), b2, i's budgets and g4's end-to-end
 # half: TMA tiles above 16 rows and the split-K projections through TMA paid and are on by default; the suite found
@@ -101,7 +101,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, at, fh, fs, h200, hs, mk, sp, wd, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, ov, p}
+CALL=${CALL:?set CALL to one of a..i, at, fh, fs, h200, hs, mk, pf, sp, wd, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, ov, p}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
