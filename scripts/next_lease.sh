@@ -225,7 +225,7 @@ case $CALL in
     # k128 at a 32K-token budget (C=128 1K/128 end to end: the default against the projection rows before lease 13),
     # C=1 / C=64 decode on today's tree, the persistent-kernel probe (the C=1 projection); then wd at scale 0.01
     # (issue 13's H200 row, closed on H100 numbers) if the call's time allows
-    CALL=k128 K128_PART=b K128_BUDGETS="32768:full fullrows" OUT=$R bash "$0" > /dev/null 2>&1
+    CALL=k128 K128_PART=b K128_BUDGETS="${H200_K128:-32768:full fullrows}" OUT=$R bash "$0" > /dev/null 2>&1
     grep -rh "^  median" "$R/k128" | tail -2
     SKIP_TESTS=1 VARIANTS=decode BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=80 OUT=$R/dec bash scripts/decode_h200.sh > /dev/null 2>&1
     grep -rh "^  median" "$R/dec" | tail -2
