@@ -8,8 +8,10 @@ projection + RoPE. ``rlt.platform.models.fused_linear`` has both as Triton kerne
 batches (``linear_silu_mul``, ``linear_rope_kv``: any row count through their grid, served up to 128 rows);
 this times them at prompt-sized row counts, with a few large-tile launch shapes through TMA, against what
 prefill runs now (cuBLAS + ``silu_mul`` / ``rope_qk_``), and a plain cuBLAS GEMM of the same shape for its
-matmul rate. A launch shape that beats the eager pair across row counts is the case for serving prompt rows
-with the fused kernels (not done: this decides whether to).
+matmul rate. A launch shape that beats the eager pair across row counts would be the case for serving prompt
+rows with the fused kernels. Lease 20 (an H100, ``benchmarks/results/h100-20261207-lease20/README.md``): none does —
+the fused GEMMs run at 530-575 TFLOP/s against cuBLAS's 750-780, 7-19 % slower than the pair at 2K-32K rows, so
+prompt rows stay on cuBLAS.
 
     RLT_FUSED_ROWS=silu_mul=1048576,rope_kv=1048576 python -m benchmarks.prefill_fused_probe --out probe.json
 
