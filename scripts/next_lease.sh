@@ -24,6 +24,8 @@
 # H100, benchmarks/results/h100-20261207-lease18) ran wd (the fixed path's GPU test passed; 1.83x), a (228 passed),
 # plain decode against the tree before wide chains (equal) and spec_bench with width 4 (the default since); lease 19
 # (an H100) the one-pass wide drafts (GPU test passed; 1.84x, +0.6 % against W passes).
+# Lease 20 (an H100 given for an H200 call, benchmarks/results/h100-20261207-lease20) ran pf (the fused projections
+# at prompt-sized rows: 7-19 % slower than cuBLAS + the elementwise kernels, not built) and h200 (C=128 did not fit).
 # Next lease, by priority (on an H200 with a short lease: CALL=h200, below — k128's 32K default, C=1 / C=64 decode, mk,
 # then wd, in one call, ~7-8 min):
 #   k128 (H200 only: C=128 1K/128, the lease-13 defaults against the old projection rows and attention tiles;
