@@ -34,6 +34,7 @@ import torch  # noqa: E402
 from benchmarks.roofline import timed  # noqa: E402
 from rlt.platform.models import fused_linear as fl  # noqa: E402
 from rlt.platform.models.fused_ops import rope_qk_, silu_mul  # noqa: E402
+from rlt.platform.models.layers import rope_cos_sin, rope_inv_freq  # noqa: E402
 
 #: Launch shapes tried (BM x BN x BK x warps x stages, TMA): the two accumulators of a gate/up tile make a
 #: BN-wide tile a 2*BN-wide GEMM tile; q/k/v + RoPE tiles are at most half a head wide (BN <= 64).
@@ -59,11 +60,7 @@ def run(rows: list[int], hidden: int, inter: int, heads: int, head_dim: int, rep
     out = []
     for m in rows:
         x = torch.randn(m, hidden, device=device, dtype=dt)
-        pos = torch.arange(m, device=device) % 1024
-        inv = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-        ang = pos[:, None].float() * inv[None, :]
-        cos = torch.cat([ang.cos(), ang.cos()], -1).to(dt)
-        sin = torch.cat([ang.sin(), ang.sin()], -1).to(dt)
+        cos, sin = rope_cos_sin(torch.arange(m, device=device) % 1024, rope_inv_freq(head_dim, 1e4, device), dt)
         flops_gu = 2 * m * hidden * 2 * inter
         flops_qkv = 2 * m * hidden * 3 * heads * head_dim
         case = {"rows": m}

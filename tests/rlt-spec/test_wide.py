@@ -173,7 +173,6 @@ def test_wide_helpers_match_eager_indexing():
         assert torch.equal(kv.k[:, canonical[0, plane], 1], before_k[:, canonical[0, plane], 1])  # other offsets kept
 
 
-
 def test_lanes_come_on_top_of_an_explicit_pool(spec_checkpoints):
     """``--num-kv-blocks N`` counts the blocks requests can hold: the lanes' private blocks are reserved on
     top (2 lanes x 4 candidates x 3 planes below the depth of 4), the engine's stats report N (a drained engine
