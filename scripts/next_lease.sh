@@ -103,7 +103,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, at, fh, fs, h200, hs, mk, pf, sp, wd, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, ov, p}
+CALL=${CALL:?set CALL to one of a..i, at, fh, fs, h200, hs, loop, mk, pf, sp, wd, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, ov, p}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -233,6 +233,12 @@ case $CALL in
     grep -rh "^  median" "$R/dec" | tail -2
     CALL=mk MK_TIMEOUT=45 OUT=$R bash "$0"
     CALL=wd WD_SCALES=0.01 WD_PROF_TIMEOUT=1 OUT=$R bash "$0" ;;
+  loop)  # (any card, ~2 min) the persistent whole-loop kernel (benchmarks/megakernel/loop.py): its loop output and
+    # K/V rows against OuroModel.recurrent (Triton, bf16) and an fp32 copy, then one loop step at C=1 / 1K context,
+    # kernel against the kernel-per-op graph, back to back (issue 10's C=1 gap)
+    timeout ${LOOP_TIMEOUT:-240} python3 -m benchmarks.megakernel.loop --out "$R/loop.json" ${LOOP_ARGS:-} \
+      > "$R/loop.log" 2>&1
+    echo "loop rc $?"; grep -vE "^\s*$" "$R/loop.log" | tail -20 ;;
   pf)  # (any card, ~4-5 min) the fused projections at prompt-sized row counts (issue 10's C=128 end to end: prefill is
     # ~40 % of it, 17 % of a prefill step elementwise kernels at their byte floors): benchmarks/prefill_fused_probe.py's
     # launch-shape sweep against cuBLAS + silu_mul / rope_qk_, then the 16 x 1K prefill step (prefill_bench's profile)

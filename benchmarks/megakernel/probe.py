@@ -190,16 +190,16 @@ def _find_nvrtc(explicit: str = "") -> str | None:
     return None
 
 
-def compile_nvrtc(lib: str, defines: dict[str, int], arch: str = "sm_90a") -> bytes:
+def compile_nvrtc(lib: str, defines: dict[str, int], arch: str = "sm_90a", source: Path = SOURCE) -> bytes:
     nvrtc = ctypes.CDLL(lib)
     prog = ctypes.c_void_p()
-    src = SOURCE.read_bytes()
+    src = source.read_bytes()
     def ok(rc, what):
         if rc:
             nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
             raise RuntimeError(f"{what}: {nvrtc.nvrtcGetErrorString(rc).decode()}")
-    ok(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src, b"gemv_chain.cu", 0, None, None), "nvrtcCreateProgram")
-    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17"] + [f"-D{k}={v}".encode() for k, v in defines.items()]
+    ok(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src, source.name.encode(), 0, None, None), "nvrtcCreateProgram")
+    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", f"--include-path={source.parent}".encode()] + [f"-D{k}={v}".encode() for k, v in defines.items()]
     arr = (ctypes.c_char_p * len(opts))(*opts)
     rc = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
     size = ctypes.c_size_t()
@@ -214,11 +214,12 @@ def compile_nvrtc(lib: str, defines: dict[str, int], arch: str = "sm_90a") -> by
     return cubin.raw
 
 
-def compile_nvcc(nvcc: str, defines: dict[str, int], arch: str = "sm_90a") -> bytes:
+def compile_nvcc(nvcc: str, defines: dict[str, int], arch: str = "sm_90a", source: Path = SOURCE) -> bytes:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "k.cubin"
         cmd = [nvcc, "-cubin", f"-gencode=arch={arch.replace('sm', 'compute')},code={arch}", "-O3", "-std=c++17",
-               "-Xptxas", "-v", *(f"-D{k}={v}" for k, v in defines.items()), "-o", str(out), str(SOURCE)]
+               "-Xptxas", "-v", f"-I{source.parent}", *(f"-D{k}={v}" for k, v in defines.items()), "-o", str(out),
+               str(source)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"nvcc failed:\n{r.stderr}")
@@ -226,33 +227,35 @@ def compile_nvcc(nvcc: str, defines: dict[str, int], arch: str = "sm_90a") -> by
         return out.read_bytes()
 
 
-def build(defines: dict[str, int], nvrtc: str = "") -> bytes:
-    """The cubin: NVRTC where a libnvrtc is found, else (or when it fails) nvcc."""
+def build(defines: dict[str, int], nvrtc: str = "", source: Path = SOURCE) -> bytes:
+    """The cubin of ``source`` (default ``gemv_chain.cu``): NVRTC where a libnvrtc is found, else (or when it
+    fails) nvcc."""
     errors = []
     lib = _find_nvrtc(nvrtc)
     if lib:
         try:
-            return compile_nvrtc(lib, defines)
+            return compile_nvrtc(lib, defines, source=source)
         except (OSError, RuntimeError) as exc:
             errors.append(f"{lib}: {exc}")
     nvcc = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
     if nvcc:
         try:
-            return compile_nvcc(nvcc, defines)
+            return compile_nvcc(nvcc, defines, source=source)
         except RuntimeError as exc:
             errors.append(f"{nvcc}: {exc}")
     raise RuntimeError("; ".join(errors) or "neither libnvrtc nor nvcc found (--nvrtc PATH)")
 
 
 class Kernel:
-    """The cubin's ``gemv_chain``, launched with the CUDA driver API on PyTorch's current stream."""
+    """The cubin's kernel ``name`` (default ``gemv_chain``), launched with the CUDA driver API on PyTorch's
+    current stream."""
 
-    def __init__(self, cubin: bytes, smem: int) -> None:
+    def __init__(self, cubin: bytes, smem: int, name: str = "gemv_chain") -> None:
         self.cu = ctypes.CDLL("libcuda.so.1")
         self.smem = smem
         self.mod, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
         self._ok(self.cu.cuModuleLoadData(ctypes.byref(self.mod), cubin), "cuModuleLoadData")
-        self._ok(self.cu.cuModuleGetFunction(ctypes.byref(self.fn), self.mod, b"gemv_chain"), "cuModuleGetFunction")
+        self._ok(self.cu.cuModuleGetFunction(ctypes.byref(self.fn), self.mod, name.encode()), "cuModuleGetFunction")
         self._ok(self.cu.cuFuncSetAttribute(self.fn, 8, smem), "cuFuncSetAttribute(max dynamic shared)")  # 8: MAX_DYNAMIC_SHARED_SIZE_BYTES
         regs = ctypes.c_int()
         self.cu.cuFuncGetAttribute(ctypes.byref(regs), 4, self.fn)  # 4: NUM_REGS
@@ -268,9 +271,13 @@ class Kernel:
                  layers: int) -> None:
         args = [ctypes.c_void_p(t.data_ptr()) for t in (packed, x, qkv, x1, act, att, counter)]
         args += [ctypes.c_int(hidden), ctypes.c_int(inter), ctypes.c_int(kv_tiles), ctypes.c_int(layers)]
+        self.launch(ctas, THREADS, args)
+
+    def launch(self, ctas: int, threads: int, args: list) -> None:
+        """One launch of ``ctas`` x ``threads`` with ``args`` (ctypes values, in the kernel's parameter order)."""
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        self._ok(self.cu.cuLaunchKernel(self.fn, ctas, 1, 1, THREADS, 1, 1, self.smem, stream, params, None),
+        self._ok(self.cu.cuLaunchKernel(self.fn, ctas, 1, 1, threads, 1, 1, self.smem, stream, params, None),
                  "cuLaunchKernel")
 
 

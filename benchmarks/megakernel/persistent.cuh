@@ -1,0 +1,122 @@
+// What the persistent decode kernels of benchmarks/megakernel share: the packed weight stage
+// (ROWS weight rows x CK columns of bf16, 16 KB), the shared-memory ring's mbarriers and bulk copies,
+// the consumer warps' named barrier, the grid-wide barrier, and one stage's GEMV by the consumers.
+// gemv_chain.cu (the weight stream alone) and loop_kernel.cu (a whole Ouro loop at one row) include it.
+#pragma once
+#ifdef __CUDACC_RTC__  // NVRTC has no C library headers
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+#else
+#include <stdint.h>
+#endif
+
+#ifndef NSTAGES
+#define NSTAGES 12
+#endif
+#define ROWS 16
+#define CK 512
+#define STAGE_ELEMS (ROWS * CK)
+#define STAGE_BYTES (STAGE_ELEMS * 2)
+#define CONSUMER_WARPS 4
+#define CONSUMERS (CONSUMER_WARPS * 32)
+#define MAX_K 6144  // the widest input vector (Ouro-1.4B: I = 5632)
+
+struct Shape {
+  int hidden;    // H
+  int inter;     // I
+  int kv_tiles;  // the attention stand-in's stages per layer
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
+}
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// grid-wide barrier among the consumers of every CTA (the counter only grows; ``target`` is the
+// number of arrivals that completes this barrier)
+__device__ __forceinline__ void grid_sync(unsigned int* counter, unsigned int target) {
+  consumers_sync();
+  if (threadIdx.x == 32) {
+    __threadfence();
+    atomicAdd(counter, 1u);
+    unsigned int v;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+#ifdef BACKOFF_NS  // fewer polls of the one counter's L2 line while the weight streams run
+      if (v < target) __nanosleep(BACKOFF_NS);
+#endif
+    } while (v < target);
+    __threadfence();
+  }
+  consumers_sync();
+}
+
+// The consumers' share of one stage: warp w multiplies rows 4w..4w+3 of the staged [ROWS x CK] tile
+// by the CK-wide slice ``xc`` of the phase input (fp32, shared memory), each lane 16 columns, into acc.
+__device__ __forceinline__ void stage_dot(const uint16_t* stage, const float* xc, float acc[4], int warp, int lane) {
+  float xa[16];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float4 a = *reinterpret_cast<const float4*>(xc + h * 256 + lane * 8);
+    const float4 b = *reinterpret_cast<const float4*>(xc + h * 256 + lane * 8 + 4);
+    xa[h * 8 + 0] = a.x; xa[h * 8 + 1] = a.y; xa[h * 8 + 2] = a.z; xa[h * 8 + 3] = a.w;
+    xa[h * 8 + 4] = b.x; xa[h * 8 + 5] = b.y; xa[h * 8 + 6] = b.z; xa[h * 8 + 7] = b.w;
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const uint16_t* row = stage + (warp * 4 + r) * CK;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 v = *reinterpret_cast<const uint4*>(row + h * 256 + lane * 8);
+      const float* xv = xa + h * 8;
+      acc[r] += bf16_lo(v.x) * xv[0] + bf16_hi(v.x) * xv[1] + bf16_lo(v.y) * xv[2] + bf16_hi(v.y) * xv[3] +
+                bf16_lo(v.z) * xv[4] + bf16_hi(v.z) * xv[5] + bf16_lo(v.w) * xv[6] + bf16_hi(v.w) * xv[7];
+    }
+  }
+}
+
+// The four row sums of each consumer warp (acc after its stages) reduced over the lanes into rowsum[ROWS].
+__device__ __forceinline__ void tile_rowsums(float acc[4], float* rowsum, int warp, int lane) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) rowsum[warp * 4 + r] = acc[r];
+  }
+}
