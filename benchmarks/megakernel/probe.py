@@ -37,26 +37,17 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import glob
 import json
-import os
-import shutil
 import statistics
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 from benchmarks.roofline import timed
+from rlt.decode.persistent import cuda
+from rlt.decode.persistent.plan import CK, MAX_K, ROWS, STAGE_ELEMS, THREADS, pack_matrix
 
 SOURCE = Path(__file__).with_name("gemv_chain.cu")
-ROWS, CK = 16, 512  # a stage: ROWS weight rows x CK columns (bf16): 16 KB
-STAGE_ELEMS = ROWS * CK
-MAX_K = 6144
-CONSUMERS = 128
-THREADS = 32 + CONSUMERS
 
 
 # -- the packed layout (must match gemv_chain.cu) ----------------------------------------------
@@ -85,12 +76,6 @@ def layer_stages(hidden: int, inter: int, kv_tiles: int = 0) -> int:
 def check_shape(hidden: int, inter: int) -> None:
     if hidden % CK or inter % CK or hidden % ROWS or inter % (ROWS // 2) or inter > MAX_K or hidden > MAX_K:
         raise ValueError(f"hidden {hidden} and intermediate {inter} must be multiples of {CK} and at most {MAX_K}")
-
-
-def pack_matrix(w: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> stages [N/ROWS tiles][K/CK chunks][ROWS][CK], flat."""
-    n, k = w.shape
-    return w.reshape(n // ROWS, ROWS, k // CK, CK).permute(0, 2, 1, 3).reshape(-1)
 
 
 def pack_layer(wqkv, wo, wg, wu, wd, kv: torch.Tensor | None = None) -> torch.Tensor:
@@ -173,112 +158,22 @@ def shared_bytes(stages: int) -> int:
     return stages * STAGE_ELEMS * 2 + MAX_K * 4 + ROWS * 4 + stages * 16 + 8
 
 
-# -- compile and launch ---------------------------------------------------------------------------
-def _find_nvrtc(explicit: str = "") -> str | None:
-    if explicit:
-        return explicit
-    roots = [Path(p) for p in sys.path if p and Path(p).is_dir()]
-    for root in roots:
-        for pat in ("nvidia/*/lib/libnvrtc.so*", "nvidia/cuda_nvrtc/lib/libnvrtc.so*", "torch/lib/libnvrtc*.so*"):
-            hits = sorted(h for h in glob.glob(str(root / pat)) if "builtins" not in h and ".alt." not in h)
-            if hits:
-                return hits[0]
-    for d in ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"):
-        hits = sorted(h for h in glob.glob(f"{d}/libnvrtc.so*") if "builtins" not in h and ".alt." not in h)
-        if hits:
-            return hits[0]
-    return None
+# -- compile and launch (rlt.decode.persistent.cuda) ---------------------------------------------------
+def build(defines: dict[str, int], nvrtc: str = "") -> bytes:
+    return cuda.build(SOURCE, defines, nvrtc)
 
 
-def compile_nvrtc(lib: str, defines: dict[str, int], arch: str = "sm_90a", source: Path = SOURCE) -> bytes:
-    nvrtc = ctypes.CDLL(lib)
-    prog = ctypes.c_void_p()
-    src = source.read_bytes()
-    def ok(rc, what):
-        if rc:
-            nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
-            raise RuntimeError(f"{what}: {nvrtc.nvrtcGetErrorString(rc).decode()}")
-    ok(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src, source.name.encode(), 0, None, None), "nvrtcCreateProgram")
-    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", f"--include-path={source.parent}".encode()] + [f"-D{k}={v}".encode() for k, v in defines.items()]
-    arr = (ctypes.c_char_p * len(opts))(*opts)
-    rc = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
-    size = ctypes.c_size_t()
-    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    if rc:
-        raise RuntimeError(f"nvrtc compile failed:\n{log.value.decode(errors='replace')}")
-    nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-    cubin = ctypes.create_string_buffer(size.value)
-    ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-    return cubin.raw
+class Kernel(cuda.Kernel):
+    """``gemv_chain``."""
 
-
-def compile_nvcc(nvcc: str, defines: dict[str, int], arch: str = "sm_90a", source: Path = SOURCE) -> bytes:
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "k.cubin"
-        cmd = [nvcc, "-cubin", f"-gencode=arch={arch.replace('sm', 'compute')},code={arch}", "-O3", "-std=c++17",
-               "-Xptxas", "-v", f"-I{source.parent}", *(f"-D{k}={v}" for k, v in defines.items()), "-o", str(out),
-               str(source)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(f"nvcc failed:\n{r.stderr}")
-        print(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "", file=sys.stderr)
-        return out.read_bytes()
-
-
-def build(defines: dict[str, int], nvrtc: str = "", source: Path = SOURCE) -> bytes:
-    """The cubin of ``source`` (default ``gemv_chain.cu``): NVRTC where a libnvrtc is found, else (or when it
-    fails) nvcc."""
-    errors = []
-    lib = _find_nvrtc(nvrtc)
-    if lib:
-        try:
-            return compile_nvrtc(lib, defines, source=source)
-        except (OSError, RuntimeError) as exc:
-            errors.append(f"{lib}: {exc}")
-    nvcc = shutil.which("nvcc") or next((p for p in ("/usr/local/cuda/bin/nvcc",) if os.path.exists(p)), None)
-    if nvcc:
-        try:
-            return compile_nvcc(nvcc, defines, source=source)
-        except RuntimeError as exc:
-            errors.append(f"{nvcc}: {exc}")
-    raise RuntimeError("; ".join(errors) or "neither libnvrtc nor nvcc found (--nvrtc PATH)")
-
-
-class Kernel:
-    """The cubin's kernel ``name`` (default ``gemv_chain``), launched with the CUDA driver API on PyTorch's
-    current stream."""
-
-    def __init__(self, cubin: bytes, smem: int, name: str = "gemv_chain") -> None:
-        self.cu = ctypes.CDLL("libcuda.so.1")
-        self.smem = smem
-        self.mod, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
-        self._ok(self.cu.cuModuleLoadData(ctypes.byref(self.mod), cubin), "cuModuleLoadData")
-        self._ok(self.cu.cuModuleGetFunction(ctypes.byref(self.fn), self.mod, name.encode()), "cuModuleGetFunction")
-        self._ok(self.cu.cuFuncSetAttribute(self.fn, 8, smem), "cuFuncSetAttribute(max dynamic shared)")  # 8: MAX_DYNAMIC_SHARED_SIZE_BYTES
-        regs = ctypes.c_int()
-        self.cu.cuFuncGetAttribute(ctypes.byref(regs), 4, self.fn)  # 4: NUM_REGS
-        self.regs = regs.value
-
-    def _ok(self, rc: int, what: str) -> None:
-        if rc:
-            name = ctypes.c_char_p()
-            self.cu.cuGetErrorString(rc, ctypes.byref(name))
-            raise RuntimeError(f"{what}: CUDA error {rc} {name.value.decode() if name.value else ''}")
+    def __init__(self, cubin: bytes, smem: int) -> None:
+        super().__init__(cubin, smem, "gemv_chain")
 
     def __call__(self, ctas: int, packed, x, qkv, x1, act, att, counter, hidden: int, inter: int, kv_tiles: int,
                  layers: int) -> None:
         args = [ctypes.c_void_p(t.data_ptr()) for t in (packed, x, qkv, x1, act, att, counter)]
         args += [ctypes.c_int(hidden), ctypes.c_int(inter), ctypes.c_int(kv_tiles), ctypes.c_int(layers)]
         self.launch(ctas, THREADS, args)
-
-    def launch(self, ctas: int, threads: int, args: list) -> None:
-        """One launch of ``ctas`` x ``threads`` with ``args`` (ctypes values, in the kernel's parameter order)."""
-        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        self._ok(self.cu.cuLaunchKernel(self.fn, ctas, 1, 1, threads, 1, 1, self.smem, stream, params, None),
-                 "cuLaunchKernel")
 
 
 def med3(fn, reps: int) -> list[float]:

@@ -57,7 +57,8 @@ class _DeviceRun:
 
 class StaticDecodeExecutor(Wrapped):
     def __init__(self, inner, *, ctx, buffers, row_buckets, use_graphs: bool, max_graphs: int = 64,
-                 graph_memory_mib: float | None = None, graphs_off_reason: str = "", ring_size: int = 4) -> None:
+                 graph_memory_mib: float | None = None, graphs_off_reason: str = "", ring_size: int = 4,
+                 persistent=None) -> None:
         super().__init__(inner)
         missing = [m for m in ("state_table", "remaining", "finish_decode") if not hasattr(inner, m)]
         if missing:
@@ -106,6 +107,8 @@ class StaticDecodeExecutor(Wrapped):
         #: the device planning captured per row bucket (with graphs on), and why it runs eagerly if not
         self._advance_graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.advance_off_reason = ""
+        #: one-row decode steps' loop as one kernel (``persistent_loop``, :mod:`rlt.decode.persistent`), or None
+        self.persistent = persistent
 
     @property
     def exit_latency(self) -> int:
@@ -128,7 +131,11 @@ class StaticDecodeExecutor(Wrapped):
         # ``token`` is a token-table entry where ``from_device`` is 1 (else a token id: gather entry 0)
         token = torch.where(f.from_device != 0, self.tokens.index_select(0, f.token * f.from_device), f.token)
         x = torch.where((f.depth == 0)[:, None], self.model.prelude(token), states.index_select(0, f.state))
-        h = self.model.recurrent(x, self.model.rotary(f.position), self.kv, self.attention, meta)
+        rope = self.model.rotary(f.position)
+        if self.persistent is not None and bucket == 1:
+            h = self.persistent(x, rope, meta)
+        else:
+            h = self.model.recurrent(x, rope, self.kv, self.attention, meta)
         states.index_copy_(0, f.state, h)
         carried = torch.where(f.loop == 1, 1.0, remaining.index_select(0, f.slot))
         exited, carried = self.exit_policy.decide(self.model.exit_logit(h), carried, f.loop, f.min_loops,
@@ -329,6 +336,7 @@ class StaticDecodeExecutor(Wrapped):
             "graphs_captured_at_startup": self.startup_graphs, "startup_capture_seconds": round(self.startup_seconds, 3),
             "steps": dict(self.stats), "eager_fallbacks": dict(self.fallbacks),
             "pipeline": self.pipeline.describe(),
+            "persistent_loop": self.persistent.describe() if self.persistent is not None else None,
             "device_planning_graphs": len(self._advance_graphs), "device_planning_off_reason": self.advance_off_reason,
             "step_metadata": {"moved_by": "mapped-memory kernel (UVA)" if self.buffers.mapped else "copy",
                               "mapped_uploads": self.buffers.num_mapped, "copied_uploads": self.buffers.num_copied},

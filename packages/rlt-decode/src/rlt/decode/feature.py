@@ -1,4 +1,4 @@
-"""The features rlt-decode registers: ``static_buffers``, ``graphs`` and ``pipeline``.
+"""The features rlt-decode registers: ``static_buffers``, ``graphs``, ``pipeline`` and ``persistent_loop``.
 
 ``static_buffers`` (any platform) wraps the batch builder and the executor so that decode-only
 steps run from static, bucketed buffers (:mod:`rlt.decode.batch`, :mod:`rlt.decode.executor`).
@@ -11,6 +11,9 @@ steps of ``static_buffers`` run eagerly from the same buffers (the logic CI test
 lagged; it needs ``static_buffers`` (without it the base synchronous step loop stays, with a
 warning). On CPU the device is synchronous, but the same lagged logic
 runs (tokens are read ``depth`` steps late), which is what CI tests.
+``persistent_loop`` (off by default; platforms declaring graph capture, and at composition an NVIDIA GPU of
+compute capability 9.0+ with a bf16 Ouro model of the kernel's shapes) runs the loop of one-row decode
+steps as one persistent kernel (:mod:`rlt.decode.persistent`) inside the static path's graphs.
 """
 
 from __future__ import annotations
@@ -54,6 +57,17 @@ class GraphOptions:
     capture_at_startup: bool = attrs.field(default=True, metadata={
         "help": "capture every (row bucket, context bucket) decode graph when the engine starts, smallest "
                 "contexts first, within the count and memory limits (default on; off: on each shape's first step)"})
+
+
+@attrs.frozen
+class PersistentLoopOptions:
+    stages: int = attrs.field(default=12, metadata={
+        "help": "16 KB weight stages in each CTA's shared-memory ring of the loop kernel (2..12; default 12)"})
+
+    @stages.validator
+    def _check(self, attribute, value) -> None:
+        if not isinstance(value, int) or not 2 <= value <= 12:
+            raise ValueError(f"--persistent-loop-stages: expected an integer in 2..12, got {value!r}")
 
 
 @attrs.frozen
@@ -123,7 +137,7 @@ def _install_static(builder, options: StaticBufferOptions) -> None:
         ex = StaticDecodeExecutor(
             inner, ctx=ctx, buffers=b.buffers, row_buckets=b.row_buckets, use_graphs=not reason,
             max_graphs=graphs.max_graphs if graphs else 0, graph_memory_mib=graphs.memory_mib if graphs else None,
-            graphs_off_reason=reason, ring_size=_ring_size(ctx))
+            graphs_off_reason=reason, ring_size=_ring_size(ctx), persistent=_persistent_loop(ctx))
         ex.pipeline.device_exit_off_reason = state["device_exit_off"]
         if graphs is not None and graphs.capture_at_startup:
             ex.capture_startup(context_buckets(ctx.max_model_len))
@@ -131,6 +145,29 @@ def _install_static(builder, options: StaticBufferOptions) -> None:
 
     builder.wrap("batch_builder", batch_builder)
     builder.wrap("executor", executor)
+
+
+def _persistent_loop(ctx):
+    """The ``persistent_loop`` feature's loop kernel for this engine (None when the feature is off); a
+    composition error naming why it cannot run here (model, dtype, GPU, compiler)."""
+    options = ctx.feature_options.get("persistent_loop")
+    if options is None:
+        return None
+    from rlt.decode.persistent import build_persistent_loop
+
+    try:
+        return build_persistent_loop(ctx.model, ctx.cache, ctx.device, stages=options.stages)
+    except ValueError as exc:
+        raise CompositionError(f"persistent_loop: {exc}; drop --persistent-loop") from None
+
+
+def _install_persistent(builder, options: PersistentLoopOptions) -> None:
+    def check(ctx, inner):
+        if "static_buffers" not in ctx.feature_options:
+            raise CompositionError("persistent_loop needs the static_buffers feature; drop --no-static-buffers")
+        return inner
+
+    builder.wrap("executor", check)
 
 
 def _kernels_run_on(device) -> bool:
@@ -178,6 +215,11 @@ FEATURES = [
     Feature(name="graphs", package="rlt-decode",
             description="capture and replay decode-only steps as CUDA/HIP graphs (needs static_buffers)",
             requires=frozenset({Capability.GRAPH_CAPTURE}), options=GraphOptions, install=_install_graphs),
+    Feature(name="persistent_loop", package="rlt-decode",
+            description="one-row decode steps run each loop as ONE persistent kernel (Ouro, bf16, NVIDIA compute "
+                        "capability 9.0+; needs static_buffers; off by default: not yet measured on a GPU)",
+            requires=frozenset({Capability.GRAPH_CAPTURE}), options=PersistentLoopOptions,
+            install=_install_persistent, enabled_by_default=False),
     Feature(name="pipeline", package="rlt-decode",
             description="token-level pipeline: decode steps in flight, sampled tokens kept on the device and read "
                         "back with a bounded lag (needs static_buffers)",

@@ -183,7 +183,7 @@ __device__ void attention(const LoopArgs& a, int layer, float* sm, int cta, int 
           for (int i = 0; i < D; ++i) d += q[i] * knew[i];
         } else {
           const uint4* kp = reinterpret_cast<const uint4*>(kbase + off);
-#pragma unroll 4
+#pragma unroll  // all 16 loads of the key in flight
           for (int c = 0; c < D / 8; ++c) {
             const uint4 kv = __ldg(kp + c);
             const float* qq = q + c * 8;
@@ -206,20 +206,24 @@ __device__ void attention(const LoopArgs& a, int layer, float* sm, int cta, int 
       m_i = m_new;
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[r] *= alpha;
+      // acc += p_j * v_j, each lane its 4 dims: the block's cached keys, then the new token (always the row's
+      // last position, so the last of its block)
       const int n = min(32, p1 - b);
-      for (int j = 0; j < n; ++j) {  // acc += p_j * v_j, each lane its 4 dims
+      const int cached = (ctx >= b && ctx < b + n) ? ctx - b : n;
+#pragma unroll 8
+      for (int j = 0; j < cached; ++j) {
         const float pj = __shfl_sync(0xffffffffu, p, j);
         const long long oj = __shfl_sync(0xffffffffu, off, j);
-        if (b + j == ctx) {
+        const uint2 vv = __ldg(reinterpret_cast<const uint2*>(vbase + oj) + lane);
+        acc[0] += pj * bf16_lo(vv.x);
+        acc[1] += pj * bf16_hi(vv.x);
+        acc[2] += pj * bf16_lo(vv.y);
+        acc[3] += pj * bf16_hi(vv.y);
+      }
+      if (cached < n) {
+        const float pj = __shfl_sync(0xffffffffu, p, cached);
 #pragma unroll
-          for (int r = 0; r < 4; ++r) acc[r] += pj * vnew[lane * 4 + r];
-        } else {
-          const uint2 vv = __ldg(reinterpret_cast<const uint2*>(vbase + oj) + lane);
-          acc[0] += pj * bf16_lo(vv.x);
-          acc[1] += pj * bf16_hi(vv.x);
-          acc[2] += pj * bf16_lo(vv.y);
-          acc[3] += pj * bf16_hi(vv.y);
-        }
+        for (int r = 0; r < 4; ++r) acc[r] += pj * vnew[lane * 4 + r];
       }
     }
     // the CTA's four warps into one partial

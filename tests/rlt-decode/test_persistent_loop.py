@@ -1,4 +1,4 @@
-"""The persistent whole-loop kernel's plan (benchmarks/megakernel/loop.py), emulated in torch on CPU, is
+"""The persistent loop kernel's plan (rlt.decode.persistent.plan), emulated in torch on CPU, is
 ``OuroModel.recurrent`` at one decode row: the packed stages dealt tile by tile over the CTAs, the
 attention items' context splits (empty ones included) and their merge, the two residual buffers, the
 K/V rows stored at the token's slot — in fp32 to rounding, and in bf16 with the kernel-per-op path's
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchmarks.bench_model import random_weights
-from benchmarks.megakernel import loop
+from rlt.decode.persistent import plan as loop
 from rlt.attention import AttentionMetadata, KVCache, KVLayout
 from rlt.attention.backends.torch_ref import TorchReferenceBackend
 from rlt.attention.gather import key_slots
@@ -106,3 +106,85 @@ def test_shapes_it_does_not_serve_are_refused():
                                                    device="cpu"))
     with pytest.raises(ValueError, match="head_dim 64"):
         loop.pack(model)
+
+
+# -- the engine path: the static decode executor runs one-row steps through the loop ----------------------
+KERNEL_SHAPES = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=128)
+
+
+class Counting:
+    """An :class:`EmulatedLoop` that counts its launches."""
+
+    def __init__(self, impl):
+        self.impl, self.calls = impl, 0
+        self.kind, self.lw, self.ctas = impl.kind, impl.lw, impl.ctas
+
+    def __call__(self, *args):
+        self.calls += 1
+        self.impl(*args)
+
+
+def _with_emulated_loop(engine, ctas: int = 5) -> Counting:
+    from rlt.decode.persistent import EmulatedLoop, PersistentLoop
+
+    ex = engine.ctx.parts.executor
+    impl = Counting(EmulatedLoop(ex.model, loop.pack(ex.model), ctas=ctas))
+    ex.persistent = PersistentLoop(ex.model, ex.kv, impl)
+    return impl
+
+
+@pytest.mark.parametrize("layout", ["last_exited", "shared"])
+def test_engine_one_row_steps_through_the_loop_equal_the_oracle(tiny_checkpoint, layout):
+    """fp32 greedy, the loop's plan standing in for the kernel: one request alone (every decode step one row),
+    then three arriving one by one (one-row steps first, then 2- and 4-row buckets through ``recurrent``):
+    token-identical to the oracle and to the base engine, exit depths included."""
+    from rlt.platform import EngineConfig, LLMEngine, SamplingParams
+    from rlt.platform.checkpoint import load_checkpoint
+    from rlt.platform.composition import build_engine
+    from rlt.platform.models.ouro_reference import reference_generate
+
+    from engine_driver import run_arrivals as run
+
+    path = tiny_checkpoint(seed=3, **KERNEL_SHAPES)
+    config = EngineConfig(model=str(path), dtype="float32", block_size=4, kv_layout=layout)
+    base, static = LLMEngine(config), build_engine(config, enabled={"static_buffers": True})
+    impl = _with_emulated_loop(static)
+    ck = load_checkpoint(path, dtype=torch.float32)
+    ref = ck.family.build_reference(ck.config, ck.weights)
+    sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    for prompts, every in (([[5, 17, 33, 2, 9]], 0), ([[7, 8, 9], [40, 41, 42, 43, 44, 45], [100, 3]], 4)):
+        got = run(static, prompts, sp, arrive_every=every)
+        assert [o.token_ids for o in got] == [o.token_ids for o in run(base, prompts, sp, arrive_every=every)]
+        for p, o in zip(prompts, got):
+            want, depths = reference_generate(ref, p, max_tokens=6, layout=layout)
+            assert list(o.token_ids) == want and list(o.exit_depths) == depths
+    assert impl.calls > 0
+    info = static.describe()["executor"]["persistent_loop"]
+    assert info["kernel"] == "emulated" and info["rows"] == 1
+
+
+def test_feature_off_by_default_and_absent_on_cpu(tiny_checkpoint):
+    from rlt.platform import EngineConfig
+    from rlt.platform.composition import build_engine
+
+    engine = build_engine(EngineConfig(model=str(tiny_checkpoint(seed=1)), dtype="float32"))
+    rows = {s.name: s for s in engine.features}
+    assert not rows["persistent_loop"].enabled and not rows["persistent_loop"].available
+    assert "graph_capture" in rows["persistent_loop"].reason
+    assert engine.describe()["executor"]["persistent_loop"] is None
+
+
+def test_build_refuses_what_the_kernel_cannot_run(tiny_checkpoint):
+    """Each reason is named: a model of other shapes, fp32 weights, a device that is not an NVIDIA GPU."""
+    from rlt.decode.persistent import build_persistent_loop
+
+    model, kv, *_ = _setup(torch.bfloat16, 2, 20)
+    with pytest.raises(ValueError, match="NVIDIA GPU"):
+        build_persistent_loop(model, kv, torch.device("cpu"))
+    model32, kv32, *_ = _setup(torch.float32, 2, 20)
+    with pytest.raises(ValueError, match="runs bf16"):
+        build_persistent_loop(model32, kv32, torch.device("cpu"))
+    cfg = OURO.parse_config(tiny_config("ouro"))
+    with pytest.raises(ValueError, match="head_dim"):
+        build_persistent_loop(OURO.build_runtime(cfg, _weights(cfg, torch.bfloat16, 0)), kv, torch.device("cpu"))
