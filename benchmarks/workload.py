@@ -102,16 +102,16 @@ class Workload:
         return cls(**vals)
 
 
-def feature_options(features, flags) -> dict:
-    """The features' option objects from ``rlt-server serve``'s own feature flags (e.g.
-    ``--pipeline-device-exit``), parsed by the platform's flag machinery."""
+def feature_flags(features, flags) -> tuple[dict, dict]:
+    """(switches, option objects) of the features from ``rlt-server serve``'s own feature flags (e.g.
+    ``--pipeline-device-exit``, ``--persistent-loop``), parsed by the platform's flag machinery."""
     import argparse
 
     from rlt.platform.features import add_feature_arguments, options_from_args
 
     parser = argparse.ArgumentParser(prog="--feature-flag", add_help=False, allow_abbrev=False)
     add_feature_arguments(parser, features)
-    return options_from_args(features, parser.parse_args(list(flags)))[1]
+    return options_from_args(features, parser.parse_args(list(flags)))
 
 
 @attrs.frozen
@@ -147,9 +147,10 @@ class EngineOptions:
         from rlt.platform.platforms import detect_platform
 
         features = [f for m in self.feature_modules for f in importlib.import_module(m).FEATURES]
+        switches, options = feature_flags(features, self.feature_flags)
         return plan_composition(detect_platform(config.device), features, model=config.model,
-                                enabled={name: False for name in self.disabled_features},
-                                options=feature_options(features, self.feature_flags))
+                                enabled={**switches, **{name: False for name in self.disabled_features}},
+                                options=options)
 
     def engine_config(self, model_dir: str, wl: Workload, *, backend: str, num_loops: int) -> EngineConfig:
         max_len = wl.prompt_len + wl.output_len

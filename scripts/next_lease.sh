@@ -26,8 +26,11 @@
 # (an H100) the one-pass wide drafts (GPU test passed; 1.84x, +0.6 % against W passes).
 # Lease 20 (an H100 given for an H200 call, benchmarks/results/h100-20261207-lease20) ran pf (the fused projections
 # at prompt-sized rows: 7-19 % slower than cuBLAS + the elementwise kernels, not built) and h200 (C=128 did not fit).
-# Next lease, by priority (on an H200 with a short lease: CALL=h200, below — k128's 32K default, C=1 / C=64 decode, mk,
-# then wd, in one call, ~7-8 min):
+# The 2026-12-07 evening session (no lease: two H200 starts refused, then loans paused) built the persistent_loop
+# feature (rlt.decode.persistent: one-row decode steps' loops as ONE persistent kernel) — compiled with NVRTC and
+# checked on CPU only. Next lease, FIRST on any card: CALL=persist (~6 min: does the kernel run, is it right, what
+# does it give C=1). Then, by priority (on an H200 with a short lease: CALL=h200, below — k128's 32K default, C=1 /
+# C=64 decode, mk, then wd, in one call, ~7-8 min):
 #   k128 (H200 only: C=128 1K/128, the lease-13 defaults against the old projection rows and attention tiles;
 #   K128_PART=b first — the default at 32K and 64K budgets, fullrows at 32K —, then a) > mk on an H200 (the probe
 #   against that device's read rate: issue 10's C=1 projection) > i's C=128 decode profile (H200 only) > h (FA4) > d.
@@ -103,7 +106,7 @@
 # after one warm-up); flip a default only on a measured gain.
 set -uo pipefail
 OUT=${OUT:?set OUT}
-CALL=${CALL:?set CALL to one of a..i, at, fh, fs, h200, hs, loop, mk, pf, sp, wd, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, ov, p}
+CALL=${CALL:?set CALL to one of a..i, at, fh, fs, h200, hs, loop, mk, persist, pf, sp, wd, b2, d2, g2, g3, g4, g5, g6, g7, g8, g9, k128, n, ov, p}
 R=$OUT/$CALL
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCH_DEVICE_BACKEND_AUTOLOAD=0
@@ -233,6 +236,16 @@ case $CALL in
     grep -rh "^  median" "$R/dec" | tail -2
     CALL=mk MK_TIMEOUT=45 OUT=$R bash "$0"
     CALL=wd WD_SCALES=0.01 WD_PROF_TIMEOUT=1 OUT=$R bash "$0" ;;
+  persist)  # (any card, ~6 min; the first call of the next lease) the persistent_loop feature end to end: the loop
+    # probe (kernel vs OuroModel.recurrent and fp32, one loop step timed both ways), the GPU tests (the kernel against
+    # recurrent at three shapes; the engine decoding one row through it), then C=1 1K decode with rlt-decode against
+    # rlt-decode + --persistent-loop, back to back (and C=64, where nothing should change: the kernel serves one row)
+    CALL=loop OUT=$R bash "$0"
+    timeout ${PERSIST_TEST_TIMEOUT:-150} python3 -m pytest tests/gpu/test_persistent_loop_gpu.py -m gpu -q -p no:cacheprovider \
+      -o addopts="" -rfEs -s > "$R/gpu-test.log" 2>&1
+    echo "gpu test rc $?"; grep -E "passed|failed|^FAILED|^ERROR|kernel vs|bf16 greedy" "$R/gpu-test.log" | tail -12
+    SKIP_TESTS=1 VARIANTS="decode persist" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=${PERSIST_BENCH_TIMEOUT:-110} \
+      OUT=$R bash scripts/decode_h200.sh ;;
   loop)  # (any card, ~2 min) the persistent whole-loop kernel (benchmarks/megakernel/loop.py): its loop output and
     # K/V rows against OuroModel.recurrent (Triton, bf16) and an fp32 copy, then one loop step at C=1 / 1K context,
     # kernel against the kernel-per-op graph, back to back (issue 10's C=1 gap)
