@@ -6,6 +6,8 @@ rounding points. A device call of the probe then has only the CUDA side left to 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -188,3 +190,19 @@ def test_build_refuses_what_the_kernel_cannot_run(tiny_checkpoint):
     cfg = OURO.parse_config(tiny_config("ouro"))
     with pytest.raises(ValueError, match="head_dim"):
         build_persistent_loop(OURO.build_runtime(cfg, _weights(cfg, torch.bfloat16, 0)), kv, torch.device("cpu"))
+
+
+def test_the_kernel_compiles_for_sm90_without_spills():
+    """loop_kernel.cu through NVRTC (rlt-decode's test environment installs nvidia-cuda-nvrtc-cu12; no GPU needed):
+    sm_90a machine code at the ring depths the option allows, no spills, registers within what one CTA of
+    160 threads a SM may use, and shared memory at 12 stages within the 227 KB a Hopper block may have."""
+    from rlt.decode.persistent import cuda
+
+    lib = cuda.find_nvrtc()
+    assert lib, "libnvrtc not found: pip install nvidia-cuda-nvrtc-cu12 (rlt-decode's test environment has it)"
+    for stages in (12, 2):
+        cubin, log = cuda.nvrtc_compile(lib, {"NSTAGES": stages}, cuda.LOOP_SOURCE, verbose=True)
+        assert cubin[:4] == b"\x7fELF" and "ouro_loop" in log
+        assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+        assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 255
+    assert cuda.loop_shared_bytes(12) <= 227 * 1024

@@ -26,7 +26,7 @@ HERE = Path(__file__).parent
 LOOP_SOURCE = HERE / "loop_kernel.cu"
 
 
-def _find_nvrtc(explicit: str = "") -> str | None:
+def find_nvrtc(explicit: str = "") -> str | None:
     if explicit:
         return explicit
     roots = [Path(p) for p in sys.path if p and Path(p).is_dir()]
@@ -42,29 +42,43 @@ def _find_nvrtc(explicit: str = "") -> str | None:
     return None
 
 
-def compile_nvrtc(lib: str, defines: dict[str, int], source: Path, arch: str = "sm_90a") -> bytes:
+def nvrtc_compile(lib: str, defines: dict[str, int], source: Path, arch: str = "sm_90a",
+                  verbose: bool = False) -> tuple[bytes, str]:
+    """(cubin, compile log) of ``source`` through the libnvrtc at ``lib``; ``verbose``: ptxas's resource
+    report (registers, spills, stack) in the log."""
     nvrtc = ctypes.CDLL(lib)
+    nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
     prog = ctypes.c_void_p()
-    src = source.read_bytes()
+
     def ok(rc, what):
         if rc:
-            nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
             raise RuntimeError(f"{what}: {nvrtc.nvrtcGetErrorString(rc).decode()}")
-    ok(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src, source.name.encode(), 0, None, None), "nvrtcCreateProgram")
-    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", f"--include-path={source.parent}".encode(),
-            f"--include-path={HERE}".encode()] + [f"-D{k}={v}".encode() for k, v in defines.items()]
-    arr = (ctypes.c_char_p * len(opts))(*opts)
-    rc = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
-    size = ctypes.c_size_t()
-    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetProgramLog(prog, log)
-    if rc:
-        raise RuntimeError(f"nvrtc compile failed:\n{log.value.decode(errors='replace')}")
-    nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-    cubin = ctypes.create_string_buffer(size.value)
-    ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
-    return cubin.raw
+
+    ok(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.read_bytes(), source.name.encode(), 0, None, None),
+       "nvrtcCreateProgram")
+    try:
+        opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", f"--include-path={source.parent}".encode(),
+                f"--include-path={HERE}".encode()] + [f"-D{k}={v}".encode() for k, v in defines.items()]
+        if verbose:
+            opts.append(b"--ptxas-options=-v")
+        rc = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        size = ctypes.c_size_t()
+        nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        text = log.value.decode(errors="replace")
+        if rc:
+            raise RuntimeError(f"nvrtc compile failed:\n{text}")
+        nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+        cubin = ctypes.create_string_buffer(size.value)
+        ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        return cubin.raw, text
+    finally:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def compile_nvrtc(lib: str, defines: dict[str, int], source: Path, arch: str = "sm_90a") -> bytes:
+    return nvrtc_compile(lib, defines, source, arch)[0]
 
 
 def compile_nvcc(nvcc: str, defines: dict[str, int], source: Path, arch: str = "sm_90a") -> bytes:
@@ -84,7 +98,7 @@ def build(source: Path, defines: dict[str, int], nvrtc: str = "") -> bytes:
     """The cubin of ``source`` for sm_90a: NVRTC where a libnvrtc is found (``nvrtc``: its path), else (or when
     it fails) nvcc."""
     errors = []
-    lib = _find_nvrtc(nvrtc)
+    lib = find_nvrtc(nvrtc)
     if lib:
         try:
             return compile_nvrtc(lib, defines, source)
