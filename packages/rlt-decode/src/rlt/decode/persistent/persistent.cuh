@@ -41,16 +41,40 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+// A watchdog on every wait: a wait longer than WATCHDOG_NS (default 20 s; 0: none) traps, so that a kernel that
+// cannot make progress (its CTAs not all resident, a lost arrival) fails the launch with an error instead of
+// hanging the device. Normal waits last microseconds; the timer (%globaltimer, ns) is read only while waiting.
+#ifndef WATCHDOG_NS
+#define WATCHDOG_NS 20000000000ull
+#endif
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void watchdog(uint64_t& since) {
+#if WATCHDOG_NS
+  const uint64_t now = globaltimer_ns();
+  if (since == 0) since = now;
+  else if (now - since > WATCHDOG_NS) __trap();
+#endif
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
       : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint64_t since = 0;
+  while (!mbar_try_wait(bar, parity)) watchdog(since);
 }
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile(
@@ -73,12 +97,15 @@ __device__ __forceinline__ void grid_sync(unsigned int* counter, unsigned int ta
     __threadfence();
     atomicAdd(counter, 1u);
     unsigned int v;
-    do {
+    uint64_t since = 0;
+    for (;;) {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+      if (v >= target) break;
+      watchdog(since);
 #ifdef BACKOFF_NS  // fewer polls of the one counter's L2 line while the weight streams run
-      if (v < target) __nanosleep(BACKOFF_NS);
+      __nanosleep(BACKOFF_NS);
 #endif
-    } while (v < target);
+    }
     __threadfence();
   }
   consumers_sync();
