@@ -28,41 +28,15 @@
 
 // The phases of a layer, in order: q/k/v (3H x H), the attention stand-in (KV_TILES stages of CK
 // columns: the bytes a layer's attention reads, streamed and multiplied like weights; 0: no phase),
-// o_proj (H x H), gate/up (2I x H), down_proj (H x I). Per phase: input width, tiles, chunks per
-// tile, first stage and first tile in the layer's numbering.
+// o_proj (H x H), gate/up (2I x H), down_proj (H x I).
 #define PHASES 5
 enum { QKV = 0, KV = 1, O_PROJ = 2, GATE_UP = 3, DOWN = 4 };
-struct Phase {
-  int k, tiles, chunks;
-  long long stage0;
-  int tile0;
-};
 
-__device__ __forceinline__ void phase_table(const Shape& s, Phase* ph) {
+__device__ __forceinline__ long long phase_table(const Shape& s, Phase* ph) {
   const int H = s.hidden, I = s.inter;
   const int k[PHASES] = {H, CK, H, H, I};
   const int tiles[PHASES] = {3 * H / ROWS, s.kv_tiles, H / ROWS, 2 * I / ROWS, H / ROWS};
-  long long stage = 0;
-  int tile = 0;
-  for (int p = 0; p < PHASES; ++p) {
-    ph[p].k = k[p];
-    ph[p].tiles = tiles[p];
-    ph[p].chunks = k[p] / CK;
-    ph[p].stage0 = stage;
-    ph[p].tile0 = tile;
-    stage += (long long)tiles[p] * ph[p].chunks;
-    tile += tiles[p];
-  }
-}
-
-__device__ __forceinline__ long long layer_stages(const Phase* ph) {
-  return ph[PHASES - 1].stage0 + (long long)ph[PHASES - 1].tiles * ph[PHASES - 1].chunks;
-}
-
-// the first tile of phase ph this CTA owns (tiles numbered across the layer, dealt round-robin)
-__device__ __forceinline__ int first_tile(const Phase& ph, int cta, int ctas) {
-  int r = (cta - ph.tile0) % ctas;
-  return r < 0 ? r + ctas : r;
+  return fill_phases(k, tiles, PHASES, ph);
 }
 
 #ifndef MIN_BLOCKS
@@ -87,18 +61,13 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
 
   const Shape s{hidden, inter, kv_tiles};
   Phase phase[PHASES];
-  phase_table(s, phase);
+  const long long per_layer = phase_table(s, phase);
   const int cta = blockIdx.x, ctas = gridDim.x;
   if (threadIdx.x == 0) {
-    for (int i = 0; i < NSTAGES; ++i) {
-      mbar_init(&full[i], 1);
-      mbar_init(&empty[i], CONSUMER_WARPS);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    ring_init(full, empty);
     *phase_go = 0;
   }
   __syncthreads();
-  const long long per_layer = layer_stages(phase);
 
   if (threadIdx.x < 32) {  // the producer: lane 0 streams every stage this CTA will consume, in order
     if (threadIdx.x != 0) return;
@@ -112,15 +81,7 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
         while (*phase_go < layer * PHASES + p) {
         }
 #endif
-        for (int t = first_tile(ph, cta, ctas); t < ph.tiles; t += ctas) {
-          const uint16_t* tw = lw + (ph.stage0 + (long long)t * ph.chunks) * STAGE_ELEMS;
-          for (int c = 0; c < ph.chunks; ++c, ++n) {
-            const int st = n % NSTAGES;
-            mbar_wait(&empty[st], ((n / NSTAGES) & 1) ^ 1);
-            mbar_expect_tx(&full[st], STAGE_BYTES);
-            bulk_load(ring + st * STAGE_ELEMS, tw + (long long)c * STAGE_ELEMS, STAGE_BYTES, &full[st]);
-          }
-        }
+        produce_phase(lw, ph, cta, ctas, n, ring, full, empty);
       }
     }
     return;
@@ -140,20 +101,11 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
       for (int i = tid; i < ph.k; i += CONSUMERS) xin[i] = __ldcg(in + i);
       consumers_sync();
       for (int t = first_tile(ph, cta, ctas); t < ph.tiles; t += ctas) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int c = 0; c < ph.chunks; ++c, ++n) {
-          const int st = n % NSTAGES;
-          mbar_wait(&full[st], (n / NSTAGES) & 1);
 #ifdef NO_COMPUTE  // timing ablation: stages are waited for and released, not multiplied (wrong output)
-          __syncwarp();
-          if (lane == 0) mbar_arrive(&empty[st]);
-          continue;
+        consume_tile<false>(ph.chunks, xin, n, ring, full, empty, rowsum, warp, lane);
+#else
+        consume_tile(ph.chunks, xin, n, ring, full, empty, rowsum, warp, lane);
 #endif
-          stage_dot(ring + st * STAGE_ELEMS, xin + c * CK, acc, warp, lane);
-          __syncwarp();
-          if (lane == 0) mbar_arrive(&empty[st]);
-        }
-        tile_rowsums(acc, rowsum, warp, lane);
         consumers_sync();
         if (tid < ROWS) {  // the phase's epilogue, one output row per thread
           const int row = t * ROWS + tid;

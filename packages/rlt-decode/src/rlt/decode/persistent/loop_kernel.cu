@@ -30,7 +30,7 @@
 #define HEAD_DIM 128
 
 struct LoopArgs {
-  const uint16_t* w;           // packed GEMV stages, all layers (layer_stages() each)
+  const uint16_t* w;           // packed GEMV stages, all layers (phase_table() stages each)
   const uint16_t* norms;       // [layers][4][H]: input_layernorm, input_layernorm_2, post_attention_layernorm,
                                // post_attention_layernorm_2
   const uint16_t* final_norm;  // [H] the end-of-loop norm
@@ -56,32 +56,13 @@ struct LoopArgs {
 };
 
 enum { P_QKV = 0, P_O = 1, P_GU = 2, P_DOWN = 3, GEMV_PHASES = 4 };
-struct Phase {
-  int k, tiles, chunks;
-  long long stage0;
-  int tile0;
-};
 
-__device__ __forceinline__ void phase_table(const LoopArgs& a, Phase* ph) {
+// the GEMV phases of a layer (q/k/v, o_proj, gate/up, down_proj); returns the stages of a layer
+__device__ __forceinline__ long long phase_table(const LoopArgs& a, Phase* ph) {
   const int H = a.hidden, I = a.inter;
   const int k[GEMV_PHASES] = {H, H, H, I};
   const int tiles[GEMV_PHASES] = {(a.nq + 2 * a.nkv) * HEAD_DIM / ROWS, H / ROWS, 2 * I / ROWS, H / ROWS};
-  long long stage = 0;
-  int tile = 0;
-  for (int p = 0; p < GEMV_PHASES; ++p) {
-    ph[p].k = k[p];
-    ph[p].tiles = tiles[p];
-    ph[p].chunks = k[p] / CK;
-    ph[p].stage0 = stage;
-    ph[p].tile0 = tile;
-    stage += (long long)tiles[p] * ph[p].chunks;
-    tile += tiles[p];
-  }
-}
-
-__device__ __forceinline__ int first_tile(const Phase& ph, int cta, int ctas) {
-  int r = (cta - ph.tile0) % ctas;
-  return r < 0 ? r + ctas : r;
+  return fill_phases(k, tiles, GEMV_PHASES, ph);
 }
 
 // bf16 round to nearest even (the value kept as fp32), and loads / stores of bf16 bits
@@ -285,16 +266,9 @@ extern "C" __global__ void __launch_bounds__(32 + CONSUMERS, MIN_BLOCKS) ouro_lo
   uint64_t* empty = full + NSTAGES;
 
   Phase phase[GEMV_PHASES];
-  phase_table(a, phase);
-  const long long per_layer = phase[P_DOWN].stage0 + (long long)phase[P_DOWN].tiles * phase[P_DOWN].chunks;
+  const long long per_layer = phase_table(a, phase);
   const int cta = blockIdx.x, ctas = gridDim.x;
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < NSTAGES; ++i) {
-      mbar_init(&full[i], 1);
-      mbar_init(&empty[i], CONSUMER_WARPS);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  if (threadIdx.x == 0) ring_init(full, empty);
   __syncthreads();
 
   if (threadIdx.x < 32) {  // the producer (gemv_chain's): every stage this CTA will consume, in order
@@ -302,18 +276,7 @@ extern "C" __global__ void __launch_bounds__(32 + CONSUMERS, MIN_BLOCKS) ouro_lo
     unsigned int n = 0;
     for (int layer = 0; layer < a.layers; ++layer) {
       const uint16_t* lw = a.w + (long long)layer * per_layer * STAGE_ELEMS;
-      for (int p = 0; p < GEMV_PHASES; ++p) {
-        const Phase ph = phase[p];
-        for (int t = first_tile(ph, cta, ctas); t < ph.tiles; t += ctas) {
-          const uint16_t* tw = lw + (ph.stage0 + (long long)t * ph.chunks) * STAGE_ELEMS;
-          for (int c = 0; c < ph.chunks; ++c, ++n) {
-            const int st = n % NSTAGES;
-            mbar_wait(&empty[st], ((n / NSTAGES) & 1) ^ 1);
-            mbar_expect_tx(&full[st], STAGE_BYTES);
-            bulk_load(ring + st * STAGE_ELEMS, tw + (long long)c * STAGE_ELEMS, STAGE_BYTES, &full[st]);
-          }
-        }
-      }
+      for (int p = 0; p < GEMV_PHASES; ++p) produce_phase(lw, phase[p], cta, ctas, n, ring, full, empty);
     }
     return;
   }
@@ -347,15 +310,7 @@ extern "C" __global__ void __launch_bounds__(32 + CONSUMERS, MIN_BLOCKS) ouro_lo
       }
       consumers_sync();
       for (int t = first_tile(ph, cta, ctas); t < ph.tiles; t += ctas) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int c = 0; c < ph.chunks; ++c, ++n) {
-          const int st = n % NSTAGES;
-          mbar_wait(&full[st], (n / NSTAGES) & 1);
-          stage_dot(ring + st * STAGE_ELEMS, xin + c * CK, acc, warp, lane);
-          __syncwarp();
-          if (lane == 0) mbar_arrive(&empty[st]);
-        }
-        tile_rowsums(acc, rowsum, warp, lane);
+        consume_tile(ph.chunks, xin, n, ring, full, empty, rowsum, warp, lane);
         consumers_sync();
         if (tid < ROWS) {  // the epilogue: F.linear's one rounding, then the phase's elementwise op
           const int row = t * ROWS + tid;

@@ -147,3 +147,76 @@ __device__ __forceinline__ void tile_rowsums(float acc[4], float* rowsum, int wa
     for (int r = 0; r < 4; ++r) rowsum[warp * 4 + r] = acc[r];
   }
 }
+
+// The ring's mbarriers, by one thread before the CTA's first __syncthreads: ``full`` completes on the
+// producer's arrival plus the stage's bytes, ``empty`` on one arrival per consumer warp.
+__device__ __forceinline__ void ring_init(uint64_t* full, uint64_t* empty) {
+  for (int i = 0; i < NSTAGES; ++i) {
+    mbar_init(&full[i], 1);
+    mbar_init(&empty[i], CONSUMER_WARPS);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// A phase of a layer: input width k, tiles of ROWS output rows, CK-wide chunks per tile, first stage and first
+// tile in the layer's numbering (tiles are numbered across a layer's phases and dealt round-robin over the
+// CTAs, so the CTAs that get a phase's leftover tiles differ from phase to phase).
+struct Phase {
+  int k, tiles, chunks;
+  long long stage0;
+  int tile0;
+};
+
+// ph[0..count) from each phase's input width and tile count; returns the stages of a layer
+__device__ __forceinline__ long long fill_phases(const int* k, const int* tiles, int count, Phase* ph) {
+  long long stage = 0;
+  int tile = 0;
+  for (int p = 0; p < count; ++p) {
+    ph[p].k = k[p];
+    ph[p].tiles = tiles[p];
+    ph[p].chunks = k[p] / CK;
+    ph[p].stage0 = stage;
+    ph[p].tile0 = tile;
+    stage += (long long)tiles[p] * ph[p].chunks;
+    tile += tiles[p];
+  }
+  return stage;
+}
+
+// the first tile of phase ph this CTA owns
+__device__ __forceinline__ int first_tile(const Phase& ph, int cta, int ctas) {
+  int r = (cta - ph.tile0) % ctas;
+  return r < 0 ? r + ctas : r;
+}
+
+// The producer lane's share of one phase of a layer (lw: the layer's packed stages): every stage of the CTA's
+// tiles, in the order the consumers take them, into the ring (n: the producer's running stage count).
+__device__ __forceinline__ void produce_phase(const uint16_t* lw, const Phase& ph, int cta, int ctas, unsigned int& n,
+                                              uint16_t* ring, uint64_t* full, uint64_t* empty) {
+  for (int t = first_tile(ph, cta, ctas); t < ph.tiles; t += ctas) {
+    const uint16_t* tw = lw + (ph.stage0 + (long long)t * ph.chunks) * STAGE_ELEMS;
+    for (int c = 0; c < ph.chunks; ++c, ++n) {
+      const int st = n % NSTAGES;
+      mbar_wait(&empty[st], ((n / NSTAGES) & 1) ^ 1);
+      mbar_expect_tx(&full[st], STAGE_BYTES);
+      bulk_load(ring + st * STAGE_ELEMS, tw + (long long)c * STAGE_ELEMS, STAGE_BYTES, &full[st]);
+    }
+  }
+}
+
+// The consumers' GEMV of one tile: its ``chunks`` stages from the ring times the phase input xin (shared
+// memory), each stage released as soon as it is used; the tile's ROWS sums land in rowsum (n: the consumers'
+// running stage count). COMPUTE false: stages waited for and released only (a timing ablation).
+template <bool COMPUTE = true>
+__device__ __forceinline__ void consume_tile(int chunks, const float* xin, unsigned int& n, const uint16_t* ring,
+                                             uint64_t* full, uint64_t* empty, float* rowsum, int warp, int lane) {
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int c = 0; c < chunks; ++c, ++n) {
+    const int st = n % NSTAGES;
+    mbar_wait(&full[st], (n / NSTAGES) & 1);
+    if (COMPUTE) stage_dot(ring + st * STAGE_ELEMS, xin + c * CK, acc, warp, lane);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[st]);
+  }
+  tile_rowsums(acc, rowsum, warp, lane);
+}
