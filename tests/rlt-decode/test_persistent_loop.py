@@ -136,11 +136,12 @@ def _with_emulated_loop(engine, ctas: int = 5) -> Counting:
     return impl
 
 
-@pytest.mark.parametrize("layout", ["last_exited", "shared"])
-def test_engine_one_row_steps_through_the_loop_equal_the_oracle(tiny_checkpoint, layout):
+@pytest.mark.parametrize("layout,tau", [("last_exited", 1.0), ("shared", 1.0), ("last_exited", 0.5)])
+def test_engine_one_row_steps_through_the_loop_equal_the_oracle(tiny_checkpoint, layout, tau):
     """fp32 greedy, the loop's plan standing in for the kernel: one request alone (every decode step one row),
     then three arriving one by one (one-row steps first, then 2- and 4-row buckets through ``recurrent``):
-    token-identical to the oracle and to the base engine, exit depths included."""
+    token-identical to the oracle and to the base engine, exit depths included — at fixed depth and with
+    adaptive exit (tau 0.5: one-row steps at every depth, each reading its own KV plane)."""
     from rlt.platform import EngineConfig, LLMEngine, SamplingParams
     from rlt.platform.checkpoint import load_checkpoint
     from rlt.platform.composition import build_engine
@@ -148,20 +149,22 @@ def test_engine_one_row_steps_through_the_loop_equal_the_oracle(tiny_checkpoint,
 
     from engine_driver import run_arrivals as run
 
-    path = tiny_checkpoint(seed=3, **KERNEL_SHAPES)
+    path = tiny_checkpoint(seed=3, gate_bias=0.5, **KERNEL_SHAPES)
     config = EngineConfig(model=str(path), dtype="float32", block_size=4, kv_layout=layout)
     base, static = LLMEngine(config), build_engine(config, enabled={"static_buffers": True})
     impl = _with_emulated_loop(static)
     ck = load_checkpoint(path, dtype=torch.float32)
     ref = ck.family.build_reference(ck.config, ck.weights)
-    sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, exit_threshold=tau)
     for prompts, every in (([[5, 17, 33, 2, 9]], 0), ([[7, 8, 9], [40, 41, 42, 43, 44, 45], [100, 3]], 4)):
         got = run(static, prompts, sp, arrive_every=every)
         assert [o.token_ids for o in got] == [o.token_ids for o in run(base, prompts, sp, arrive_every=every)]
         for p, o in zip(prompts, got):
-            want, depths = reference_generate(ref, p, max_tokens=6, layout=layout)
+            want, depths = reference_generate(ref, p, max_tokens=6, layout=layout, exit_threshold=tau)
             assert list(o.token_ids) == want and list(o.exit_depths) == depths
     assert impl.calls > 0
+    if tau < 1:  # rows really exited at different depths
+        assert len({d for o in got for d in o.exit_depths}) > 1
     info = static.describe()["executor"]["persistent_loop"]
     assert info["kernel"] == "emulated" and info["rows"] == 1
 
