@@ -23,17 +23,17 @@ MAX_K = 6144
 CONSUMERS = 128
 THREADS = 32 + CONSUMERS
 CONSUMER_WARPS = CONSUMERS // 32
+HEAD_DIM = 128
+#: a layer's norm weights in the kernel's order (Ouro's sandwich norms)
+NORMS = ("input_layernorm", "input_layernorm_2", "post_attention_layernorm", "post_attention_layernorm_2")
+#: the GEMV phases of a layer
+QKV, O, GU, DOWN = range(4)
 
 
 def pack_matrix(w: torch.Tensor) -> torch.Tensor:
     """[N, K] -> stages [N/ROWS tiles][K/CK chunks][ROWS][CK], flat."""
     n, k = w.shape
     return w.reshape(n // ROWS, ROWS, k // CK, CK).permute(0, 2, 1, 3).reshape(-1)
-
-
-HEAD_DIM = 128
-NORMS = ("input_layernorm", "input_layernorm_2", "post_attention_layernorm", "post_attention_layernorm_2")
-QKV, O, GU, DOWN = range(4)
 
 
 def check_model(model) -> None:
