@@ -41,6 +41,52 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
+def diagnose(model, kern, hidden, cos, sin, kv, slots, wslot, seq, backend, meta) -> dict:
+    """Layer 0 alone through the kernel (``kern.layers = 1``), each phase's scratch output against the eager op
+    fed the kernel's own input of that phase — so a wrong phase shows as the one large error, not as the
+    drift it causes downstream. Returns the relative error per phase (K/V: the stored row of layer 0)."""
+    import torch.nn.functional as F
+
+    from rlt.platform.models.fused_ops import rope_qk_, silu_mul
+    from rlt.platform.models.layers import rms_norm
+
+    cfg, L0, b = model.cfg, model.layers[0], kern.bufs
+    nq, nkv, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
+    n, eps = L0.norms, cfg.rms_norm_eps
+    k0, v0 = kv.k.clone(), kv.v.clone()
+    out = torch.empty_like(hidden)
+    kern.layers = 1
+    try:
+        kern(hidden, out, cos, sin, kv.k, kv.v, slots, wslot, seq)
+        torch.cuda.synchronize()
+    finally:
+        kern.layers = len(model.layers)
+    bf = lambda t: t.to(hidden.dtype)  # a scratch vector (fp32 holding the model dtype's values) as the model's dtype
+    a = rms_norm(hidden[None], n["input_layernorm"], eps)
+    errs = {"qkv": _rel(b["qkv"], F.linear(a, L0.qkv)[0])}
+    got_k, got_v = kv.k[0].view(-1, nkv, HEAD_DIM)[wslot], kv.v[0].view(-1, nkv, HEAD_DIM)[wslot]
+    kv.k.copy_(k0)
+    kv.v.copy_(v0)
+    q, k, v, stored = rope_qk_(bf(b["qkv"])[None].clone(), cos[None], sin[None], nq, nkv, HEAD_DIM,
+                               kv_store=(kv.k[0], kv.v[0], wslot))
+    if not stored:
+        backend.write_kv(kv, 0, k, v, meta)
+    errs["kv_row"] = max(_rel(got_k, kv.k[0].view(-1, nkv, HEAD_DIM)[wslot]),
+                         _rel(got_v, kv.v[0].view(-1, nkv, HEAD_DIM)[wslot]))
+    o = backend.forward(q, kv, 0, meta, model.scale)
+    errs["o_proj"] = _rel(b["o_out"], F.linear(o, L0.o)[0])  # (the merged attention is in o_proj's input)
+    h1 = bf(hidden[None].float() + rms_norm(bf(b["o_out"])[None], n["input_layernorm_2"], eps).float())
+    errs["residual"] = _rel(b["hres"][H:], h1[0])
+    m = rms_norm(bf(b["hres"][H:])[None], n["post_attention_layernorm"], eps)
+    errs["gate_up_silu"] = _rel(b["act"], silu_mul(F.linear(m, L0.gate_up))[0])
+    errs["down"] = _rel(b["down"], F.linear(bf(b["act"])[None], L0.down)[0])
+    h2 = bf(b["hres"][H:][None].float() + rms_norm(bf(b["down"])[None], n["post_attention_layernorm_2"], eps).float())
+    errs["out"] = _rel(out, rms_norm(h2, model.norm, eps)[0])
+    kv.k.copy_(k0)
+    kv.v.copy_(v0)
+    return errs
+
+
 def main() -> None:
     from benchmarks.bench_model import NAMED_CONFIGS, random_weights
     from rlt.attention import AttentionMetadata, KVCache, KVLayout
@@ -142,6 +188,10 @@ def main() -> None:
         print(f"{name}: out rel err {entry['rel_err_vs_kernel_per_op']:.2e} vs kernel-per-op, "
               f"{entry['rel_err_vs_fp32']:.2e} vs fp32; KV {entry['kv_rel_err_vs_kernel_per_op']:.2e}; "
               f"{kern.kernel.regs} regs", flush=True)
+        entry["layer0_phase_rel_err"] = diagnose(model, kern, hidden, cos[0], sin[0], kv, slots, wslot, seq, backend,
+                                                 meta)
+        print(f"{name}: layer 0 phase by phase (each against the eager op on the kernel's own input): "
+              + ", ".join(f"{k} {v:.1e}" for k, v in entry["layer0_phase_rel_err"].items()), flush=True)
         entry["ms"] = probe.med3(run, a.reps)
         print(f"{name}: {statistics.median(entry['ms']):.3f} ms a loop step", flush=True)
         result["variants"][name] = entry

@@ -173,6 +173,8 @@ class CudaLoop:
         self.kernel = Kernel(build(LOOP_SOURCE, {"NSTAGES": stages}, nvrtc), loop_shared_bytes(stages), "ouro_loop")
         nq, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.splits = splits_for(nq, self.ctas)
+        #: layers a launch runs (all of the model's; a probe's diagnosis runs the first alone)
+        self.layers = len(model.layers)
         f = lambda n: torch.zeros(n, device=dev)
         H, I = cfg.hidden_size, cfg.intermediate_size
         self.bufs = dict(qkv=f((nq + 2 * nkv) * HEAD_DIM), part=f(nq * self.splits * (HEAD_DIM + 2)), o_out=f(H),
@@ -188,6 +190,6 @@ class CudaLoop:
         args = LoopArgs(p(self.lw.packed), p(self.lw.norms), p(self.lw.final_norm), p(hidden), p(out), p(cos), p(sin),
                         p(k_cache), p(v_cache), k_cache.stride(0), p(slots), p(write_slot), p(seq_len), p(b["qkv"]),
                         p(b["part"]), p(b["o_out"]), p(b["hres"]), p(b["act"]), p(b["down"]), p(b["counter"]),
-                        cfg.hidden_size, cfg.intermediate_size, len(self.model.layers), cfg.num_attention_heads,
+                        cfg.hidden_size, cfg.intermediate_size, self.layers, cfg.num_attention_heads,
                         cfg.num_key_value_heads, self.splits, cfg.rms_norm_eps, HEAD_DIM ** -0.5 * math.log2(math.e))
         self.kernel.launch(self.ctas, THREADS, [args])

@@ -116,7 +116,7 @@ def emulate(model, lw: LoopWeights, hidden: torch.Tensor, cos: torch.Tensor, sin
     ``k_cache`` / ``v_cache``: ``[layers, slots, nkv, d]`` views (the new token's K/V are stored there, as
     the kernel does); ``slots``: the row's depth-resolved flat key slots. Returns the loop output ``[H]``.
     Every tile of every phase is computed exactly once from the packed stages (asserted). ``trace``: a list that
-    gets each layer's intermediates (a dict of vectors: qkv, o, o_out, act, down)."""
+    gets each layer's intermediates (a dict of vectors: qkv, o, o_out, h after attention, act, down)."""
     cfg = model.cfg
     H, D, nq, nkv, eps = cfg.hidden_size, HEAD_DIM, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.rms_norm_eps
     r = (lambda t: t.to(torch.bfloat16).float()) if rounding else (lambda t: t)
@@ -194,6 +194,6 @@ def emulate(model, lw: LoopWeights, hidden: torch.Tensor, cos: torch.Tensor, sin
         act = r(r(g / (1 + torch.exp(-g))) * u)
         down = gemv(layer, DOWN, act)
         if trace is not None:
-            trace.append(dict(qkv=qkv, o=o, o_out=o_out, act=act, down=down))
-    h = r(h + rms(down, norms[-1, 3]))
+            trace.append(dict(qkv=qkv, o=o, o_out=o_out, h=h, act=act, down=down))
+    h = r(h + rms(down, norms[len(model.layers) - 1, 3]))
     return rms(h, final)
