@@ -257,7 +257,7 @@ __device__ void merge_heads(const LoopArgs& a, float* xin, int tid) {
 #define MIN_BLOCKS 1
 #endif
 extern "C" __global__ void __launch_bounds__(32 + CONSUMERS, MIN_BLOCKS) ouro_loop(const LoopArgs a) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  DYNAMIC_SHARED(smem);
   uint16_t* ring = reinterpret_cast<uint16_t*>(smem);
   float* xin = reinterpret_cast<float*>(smem + NSTAGES * STAGE_BYTES);  // MAX_K: a phase's input (attention: scratch)
   float* rowsum = xin + MAX_K;

@@ -21,6 +21,9 @@ typedef unsigned long long uint64_t;
 #define CONSUMER_WARPS 4
 #define CONSUMERS (CONSUMER_WARPS * 32)
 #define MAX_K 6144  // the widest input vector (Ouro-1.4B: I = 5632)
+#ifndef RLT_CPU_SIM
+#define DYNAMIC_SHARED(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
 
 struct Shape {
   int hidden;    // H
@@ -28,6 +31,12 @@ struct Shape {
   int kv_tiles;  // the attention stand-in's stages per layer
 };
 
+// The hardware primitives: mbarriers, bulk copies, the consumers' named barrier, the global timer, an
+// acquire load. RLT_CPU_SIM swaps in a CPU stand-in for each (tests/rlt-decode/cuda_sim: every thread an OS
+// thread), so the kernels' own source runs on a CPU in the tests.
+#ifdef RLT_CPU_SIM
+#include "cuda_cpu_sim.h"
+#else
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -40,24 +49,6 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-// A watchdog on every wait: a wait longer than WATCHDOG_NS (default 20 s; 0: none) traps, so that a kernel that
-// cannot make progress (its CTAs not all resident, a lost arrival) fails the launch with an error instead of
-// hanging the device. Normal waits last microseconds; the timer (%globaltimer, ns) is read only while waiting.
-#ifndef WATCHDOG_NS
-#define WATCHDOG_NS 20000000000ull
-#endif
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-__device__ __forceinline__ void watchdog(uint64_t& since) {
-#if WATCHDOG_NS
-  const uint64_t now = globaltimer_ns();
-  if (since == 0) since = now;
-  else if (now - since > WATCHDOG_NS) __trap();
-#endif
 }
 __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done;
@@ -72,10 +63,6 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
   return done != 0;
 }
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint64_t since = 0;
-  while (!mbar_try_wait(bar, parity)) watchdog(since);
-}
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
@@ -86,9 +73,42 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
 }
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ uint32_t load_acquire_u32(const unsigned int* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+#endif  // RLT_CPU_SIM
+
+// the two bf16 values of a 32-bit word, as fp32
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
+// A watchdog on every wait: a wait longer than WATCHDOG_NS (default 20 s; 0: none) traps, so that a kernel that
+// cannot make progress (its CTAs not all resident, a lost arrival) fails the launch with an error instead of
+// hanging the device. Normal waits last microseconds; the timer (%globaltimer, ns) is read only while waiting.
+#ifndef WATCHDOG_NS
+#define WATCHDOG_NS 20000000000ull
+#endif
+__device__ __forceinline__ void watchdog(uint64_t& since) {
+#if WATCHDOG_NS
+  const uint64_t now = globaltimer_ns();
+  if (since == 0) since = now;
+  else if (now - since > WATCHDOG_NS) __trap();
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint64_t since = 0;
+  while (!mbar_try_wait(bar, parity)) watchdog(since);
+}
 // grid-wide barrier among the consumers of every CTA (the counter only grows; ``target`` is the
 // number of arrivals that completes this barrier)
 __device__ __forceinline__ void grid_sync(unsigned int* counter, unsigned int target) {
@@ -99,7 +119,7 @@ __device__ __forceinline__ void grid_sync(unsigned int* counter, unsigned int ta
     unsigned int v;
     uint64_t since = 0;
     for (;;) {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+      v = load_acquire_u32(counter);
       if (v >= target) break;
       watchdog(since);
 #ifdef BACKOFF_NS  // fewer polls of the one counter's L2 line while the weight streams run
@@ -155,7 +175,7 @@ __device__ __forceinline__ void ring_init(uint64_t* full, uint64_t* empty) {
     mbar_init(&full[i], 1);
     mbar_init(&empty[i], CONSUMER_WARPS);
   }
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  fence_mbarrier_init();
 }
 
 // A phase of a layer: input width k, tiles of ROWS output rows, CK-wide chunks per tile, first stage and first
