@@ -51,7 +51,7 @@ gemv_chain(const uint16_t* __restrict__ w,  // packed weights, all layers
            float* att,                       // [kv_tiles * ROWS] the attention stand-in's sums (unused)
            unsigned int* counter,            // zero at launch
            int hidden, int inter, int kv_tiles, int layers) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  DYNAMIC_SHARED(smem);
   uint16_t* ring = reinterpret_cast<uint16_t*>(smem);
   float* xin = reinterpret_cast<float*>(smem + NSTAGES * STAGE_BYTES);
   float* rowsum = xin + MAX_K;
