@@ -17,8 +17,9 @@ plan; ``cuda`` compiles and launches it).
 - :class:`EmulatedLoop` — the same plan in torch (:func:`rlt.decode.persistent.plan.emulate`): the CPU
   stand-in tests run the executor with, and in fp32 the statement that the plan is the loop step.
 
-Off by default (``--persistent-loop``): its numbers are in ``docs/decode.md`` once a GPU
-measured them.
+Tests: the plan against the oracle and the engine with it (CPU), the CUDA source on a CPU simulator
+(``tests/rlt-decode/cuda_sim``), and on a GPU ``tests/gpu/test_persistent_loop_gpu.py``. Off by default
+(``--persistent-loop``): its numbers are in ``docs/decode.md`` once a GPU measured them.
 """
 
 from __future__ import annotations
