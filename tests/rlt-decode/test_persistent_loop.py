@@ -246,7 +246,7 @@ def test_the_cuda_source_runs_on_a_cpu_simulator(cuda_sim, ctas, context):
     """loop_kernel.cu's own source, every CUDA thread an OS thread (mbarriers, bulk copies, named and grid barriers
     simulated): 3 CTAs for 4 heads (a CTA takes two attention items), one key (every split but the last empty),
     two and four context splits a head. Its output is as close to the fp32 arithmetic as the kernel-per-op bf16
-    path (measured: equal to it, and bit-equal to the emulated plan in 4 of these 5 runs; the fifth differs by
+    path (measured: equal to it, and bit-equal to the emulated plan in 3 of these 4 runs; the fourth differs by
     an attention ulp, as the plan does from the bf16 path), every CTA passed every grid barrier, and it wrote
     K/V only at the token's slot, every layer (layer 0's rows as the plan computes them)."""
     import ctypes
