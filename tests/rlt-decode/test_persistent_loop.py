@@ -43,11 +43,12 @@ def _setup(dtype, kv_heads: int, context: int, depth: int = 1, planes: int = 3, 
     bt = torch.randperm(pages * planes + 2, generator=g)[:pages * planes].to(torch.int32).view(1, planes, pages)
     pos = context - 1
     slot = bt[0, depth, pos // bs].long() * bs + pos % bs
-    kv.token_depth.view(-1)[bt[0, 0, pos // bs].long() * bs + pos % bs] = depth  # the running token, as the executor stamps it
+    plane0 = bt[0, 0, pos // bs].long() * bs + pos % bs
+    kv.token_depth.view(-1)[plane0] = depth  # the running token, as the executor stamps it
     qd = torch.tensor([depth], dtype=torch.int32)
     meta = AttentionMetadata(query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
                              seq_lens=torch.tensor([context], dtype=torch.int32), query_depth=qd, block_tables=bt,
-                             slot_mapping=slot.view(1), plane0_slot_mapping=(bt[0, 0, pos // bs].long() * bs + pos % bs).view(1),
+                             slot_mapping=slot.view(1), plane0_slot_mapping=plane0.view(1),
                              token_query_depth=qd, positions=torch.tensor([pos]), max_query_len=1, max_seq_len=context,
                              layout=KVLayout.LAST_EXITED)
     hidden = torch.randn(512, generator=g).to(dtype)
@@ -60,8 +61,8 @@ def _run_both(dtype, kv_heads, context, ctas):
     slots = key_slots(kv, meta, context)[0]
     k_em, v_em = kv.k.clone(), kv.v.clone()
     nkv = kv_heads
-    out = loop.emulate(model, loop.pack(model), hidden, cos, sin, k_em.view(2, -1, nkv, 128), v_em.view(2, -1, nkv, 128),
-                       slots, slot, context, ctas, rounding=dtype != torch.float32)
+    out = loop.emulate(model, loop.pack(model), hidden, cos, sin, k_em.view(2, -1, nkv, 128),
+                       v_em.view(2, -1, nkv, 128), slots, slot, context, ctas, rounding=dtype != torch.float32)
     ref = model.recurrent(hidden[None], (cos, sin), kv, TorchReferenceBackend(), meta)[0]
     return out, ref.float(), (k_em, v_em), (kv.k, kv.v)
 
@@ -228,7 +229,8 @@ def cuda_sim(tmp_path_factory):
     assert gxx, "g++ not found: the CPU simulator of the loop kernel needs a C++20 compiler"
     lib = tmp_path_factory.mktemp("cuda_sim") / "libouro_loop_sim.so"
     cmd = [gxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-w", "-DRLT_CPU_SIM", f"-DNSTAGES={SIM_STAGES}",
-           "-DWATCHDOG_NS=120000000000ull", f"-I{cuda.HERE}", f"-I{SIM_DIR}", str(SIM_DIR / "launch.cpp"), "-o", str(lib)]
+           "-DWATCHDOG_NS=120000000000ull", f"-I{cuda.HERE}", f"-I{SIM_DIR}", str(SIM_DIR / "launch.cpp"),
+           "-o", str(lib)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return str(lib)
 

@@ -78,7 +78,8 @@ def build_persistent_loop(model, kv, device: torch.device, stages: int = 12) -> 
         raise ValueError(f"the loop kernel runs bf16 weights and KV (model {model.layers[0].qkv.dtype}, "
                          f"KV {kv.k.dtype})")
     if device.type != "cuda" or torch.version.hip is not None:
-        raise ValueError(f"the loop kernel needs an NVIDIA GPU (device {device}{', ROCm' if torch.version.hip else ''})")
+        rocm = ", ROCm" if torch.version.hip else ""
+        raise ValueError(f"the loop kernel needs an NVIDIA GPU (device {device}{rocm})")
     major, minor = torch.cuda.get_device_capability(device)
     if major < 9:
         raise ValueError(f"the loop kernel needs compute capability 9.0+ (bulk copies, mbarriers); this GPU is "

@@ -20,13 +20,16 @@ from pathlib import Path
 
 import torch
 
-from rlt.decode.persistent.plan import CONSUMER_WARPS, HEAD_DIM, MAX_K, ROWS, STAGE_ELEMS, THREADS, LoopWeights, splits_for
+from rlt.decode.persistent.plan import (CONSUMER_WARPS, HEAD_DIM, MAX_K, ROWS, STAGE_ELEMS, THREADS, LoopWeights,
+                                        splits_for)
 
 HERE = Path(__file__).parent
 LOOP_SOURCE = HERE / "loop_kernel.cu"
 
 
 def find_nvrtc(explicit: str = "") -> str | None:
+    """A libnvrtc: ``explicit``, else one of the NVIDIA wheels on ``sys.path`` (PyTorch's CUDA wheels bring it),
+    else the CUDA toolkit's; None when there is none."""
     if explicit:
         return explicit
     roots = [Path(p) for p in sys.path if p and Path(p).is_dir()]
@@ -85,8 +88,8 @@ def compile_nvcc(nvcc: str, defines: dict[str, int], source: Path, arch: str = "
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "k.cubin"
         cmd = [nvcc, "-cubin", f"-gencode=arch={arch.replace('sm', 'compute')},code={arch}", "-O3", "-std=c++17",
-               "-Xptxas", "-v", f"-I{source.parent}", f"-I{HERE}", *(f"-D{k}={v}" for k, v in defines.items()), "-o", str(out),
-               str(source)]
+               "-Xptxas", "-v", f"-I{source.parent}", f"-I{HERE}", *(f"-D{k}={v}" for k, v in defines.items()),
+               "-o", str(out), str(source)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             raise RuntimeError(f"nvcc failed:\n{r.stderr}")
@@ -123,7 +126,8 @@ class Kernel:
         self.mod, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
         self._ok(self.cu.cuModuleLoadData(ctypes.byref(self.mod), cubin), "cuModuleLoadData")
         self._ok(self.cu.cuModuleGetFunction(ctypes.byref(self.fn), self.mod, name.encode()), "cuModuleGetFunction")
-        self._ok(self.cu.cuFuncSetAttribute(self.fn, 8, smem), "cuFuncSetAttribute(max dynamic shared)")  # 8: MAX_DYNAMIC_SHARED_SIZE_BYTES
+        # 8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        self._ok(self.cu.cuFuncSetAttribute(self.fn, 8, smem), "cuFuncSetAttribute(max dynamic shared)")
         regs = ctypes.c_int()
         self.cu.cuFuncGetAttribute(ctypes.byref(regs), 4, self.fn)  # 4: NUM_REGS
         self.regs = regs.value

@@ -3,8 +3,8 @@
 // o_proj, the residual adds and norms, gate/up + SiLU * up, down_proj — and the end-of-loop norm,
 // with every bf16 rounding point of the kernel-per-op path (OuroModel.recurrent at one row: F.linear
 // rounds once, rms_norm as layers.rms_norm, RoPE as fused_ops._rope_kernel, attention in fp32 with
-// the exp2 online softmax of paged_decode). benchmarks/megakernel/gemv_chain.cu measured this design's weight stream; this
-// kernel adds what that probe stood in for, so the probe's timing becomes a loop step's.
+// the exp2 online softmax of paged_decode). benchmarks/megakernel/gemv_chain.cu measured this design's weight
+// stream; this kernel adds what that probe stood in for, so the probe's timing becomes a loop step's.
 //
 // Layout of the work (one CTA per SM, 1 producer lane + CONSUMER_WARPS consumer warps, persistent.cuh):
 // - the producer streams the CTA's GEMV weight stages (q/k/v, o_proj, gate/up, down_proj of every layer,
