@@ -30,12 +30,11 @@ import json
 import statistics
 from pathlib import Path
 
-import attrs
 import torch
 
 from benchmarks.megakernel import probe
 from rlt.decode.persistent.cuda import CudaLoop
-from rlt.decode.persistent.plan import HEAD_DIM, pack
+from rlt.decode.persistent.plan import HEAD_DIM, fp32_loop_step, pack
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
@@ -89,8 +88,8 @@ def diagnose(model, kern, hidden, cos, sin, kv, slots, wslot, seq, backend, meta
 
 def main() -> None:
     from benchmarks.bench_model import NAMED_CONFIGS, random_weights
-    from rlt.attention import AttentionMetadata, KVCache, KVLayout
     from rlt.attention.backends.triton_backend import TritonBackend
+    from rlt.attention.synthetic import random_problem
     from rlt.platform.checkpoint.tiny import tiny_config
     from rlt.platform.models import MODEL_FAMILIES
 
@@ -107,30 +106,17 @@ def main() -> None:
     cfg = MODEL_FAMILIES[family].parse_config(tiny_config(family, **fields))
     weights = random_weights(family, cfg, seed=0, gate_bias=0.0, dtype=torch.bfloat16, device=dev)
     model = MODEL_FAMILIES[family].build_runtime(cfg, weights)
-    L, nkv, D, bs, planes, depth = cfg.num_hidden_layers, cfg.num_key_value_heads, HEAD_DIM, 16, 4, 1
-    pages = -(-a.context // bs)
-    kv = KVCache.allocate(num_layers=L, num_blocks=pages * planes, block_size=bs, num_kv_heads=nkv, head_dim=D,
-                          num_planes=planes, layout=KVLayout.LAST_EXITED, dtype=torch.bfloat16, device=dev)
-    kv.k.normal_()
-    kv.v.normal_()
-    kv.token_depth.fill_(planes - 1)
-    bt = torch.randperm(pages * planes, device=dev).to(torch.int32).view(1, planes, pages)
-    pos = a.context - 1
-    slot = (bt[0, depth, pos // bs].long() * bs + pos % bs).view(1)
-    seq = torch.full((1,), a.context, device=dev, dtype=torch.int32)
-    qd = torch.full((1,), depth, device=dev, dtype=torch.int32)
-    meta = AttentionMetadata(query_start_loc=torch.tensor([0, 1], device=dev, dtype=torch.int32), seq_lens=seq,
-                             query_depth=qd, block_tables=bt, slot_mapping=slot,
-                             plane0_slot_mapping=(bt[0, 0, pos // bs].long() * bs + pos % bs).view(1),
-                             token_query_depth=qd, positions=torch.tensor([pos], device=dev), max_query_len=1,
-                             max_seq_len=a.context, layout=KVLayout.LAST_EXITED)
-    backend = TritonBackend()
-    meta = backend.prepare(kv, meta)
+    L, nkv, D = cfg.num_hidden_layers, cfg.num_key_value_heads, HEAD_DIM
+    # one row at depth 1 over a fixed-depth history (every earlier token in the deepest plane)
+    prob = random_problem([(a.context, 1, 1)], num_heads=cfg.num_attention_heads, num_kv_heads=nkv, head_dim=D,
+                          block_size=16, num_planes=4, dtype=torch.bfloat16, device=dev, num_layers=L, history="full")
+    kv, backend = prob.kv, TritonBackend()
+    meta = backend.prepare(kv, prob.meta)
+    slot, seq = meta.slot_mapping, meta.seq_lens
     slots = meta.resolved_slots[0, :a.context].to(torch.int32).contiguous()
     cos, sin = model.rotary(meta.positions)
-    gen = torch.Generator(device=dev).manual_seed(1)
-    hidden = model.layers[0].norms["input_layernorm"].new_empty(cfg.hidden_size)
-    hidden.copy_(torch.randn(cfg.hidden_size, device=dev, generator=gen))
+    hidden = torch.randn(cfg.hidden_size, device=dev, generator=torch.Generator(device=dev).manual_seed(1))
+    hidden = hidden.to(torch.bfloat16)
     lw = pack(model)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     result = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "sms": sms, "model": a.model,
@@ -141,15 +127,7 @@ def main() -> None:
     k0, v0 = kv.k.clone(), kv.v.clone()
     ref = model.recurrent(hidden[None], (cos, sin), kv, backend, meta)[0]
     ref_k, ref_v = kv.k.view(L, -1, nkv, D)[:, slot].clone(), kv.v.view(L, -1, nkv, D)[:, slot].clone()
-    model32 = MODEL_FAMILIES[family].build_runtime(cfg, {k: t.float() for k, t in weights.items()})
-    kv32 = KVCache.allocate(num_layers=L, num_blocks=pages * planes, block_size=bs, num_kv_heads=nkv, head_dim=D,
-                            num_planes=planes, layout=KVLayout.LAST_EXITED, dtype=torch.float32, device=dev)
-    kv32.k.copy_(k0)
-    kv32.v.copy_(v0)
-    kv32.token_depth.copy_(kv.token_depth)
-    meta32 = backend.prepare(kv32, attrs.evolve(meta, resolved_slots=None))
-    oracle = model32.recurrent(hidden[None].float(), model32.rotary(meta.positions), kv32, backend, meta32)[0]
-    del model32, kv32
+    oracle = fp32_loop_step(MODEL_FAMILIES[family], cfg, weights, hidden[None], kv, backend, meta)[0]
     result["kernel_per_op_rel_err_vs_fp32"] = _rel(ref, oracle)
     print(f"kernel-per-op bf16 loop vs fp32: rel err {result['kernel_per_op_rel_err_vs_fp32']:.2e}", flush=True)
 
@@ -167,7 +145,6 @@ def main() -> None:
     print(f"kernel-per-op loop step, one graph: {statistics.median(ms):.3f} ms", flush=True)
 
     out = torch.empty_like(hidden)
-    wslot = slot.clone()
     for n in (int(x) for x in a.stages.split(",")):
         name = f"persistent_s{n}"
         try:
@@ -178,7 +155,7 @@ def main() -> None:
             continue
         kv.k.copy_(k0)
         kv.v.copy_(v0)
-        run = lambda: kern(hidden, out, cos[0], sin[0], kv.k, kv.v, slots, wslot, seq)
+        run = lambda: kern(hidden, out, cos[0], sin[0], kv.k, kv.v, slots, slot, seq)
         run()
         torch.cuda.synchronize()
         got_k, got_v = kv.k.view(L, -1, nkv, D)[:, slot], kv.v.view(L, -1, nkv, D)[:, slot]
@@ -188,7 +165,7 @@ def main() -> None:
         print(f"{name}: out rel err {entry['rel_err_vs_kernel_per_op']:.2e} vs kernel-per-op, "
               f"{entry['rel_err_vs_fp32']:.2e} vs fp32; KV {entry['kv_rel_err_vs_kernel_per_op']:.2e}; "
               f"{kern.kernel.regs} regs", flush=True)
-        entry["layer0_phase_rel_err"] = diagnose(model, kern, hidden, cos[0], sin[0], kv, slots, wslot, seq, backend,
+        entry["layer0_phase_rel_err"] = diagnose(model, kern, hidden, cos[0], sin[0], kv, slots, slot, seq, backend,
                                                  meta)
         print(f"{name}: layer 0 phase by phase (each against the eager op on the kernel's own input): "
               + ", ".join(f"{k} {v:.1e}" for k, v in entry["layer0_phase_rel_err"].items()), flush=True)

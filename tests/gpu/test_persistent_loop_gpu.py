@@ -11,7 +11,6 @@ Its CPU side (the plan, emulated, against the oracle in fp32) is tests/rlt-decod
 
 from __future__ import annotations
 
-import attrs
 import pytest
 import torch
 
@@ -36,51 +35,29 @@ def _rel(a, b):
 def test_loop_kernel_is_the_recurrent_step(tiny_checkpoint, kv_heads, context):
     """MHA and GQA; one key (the new token alone: every split but the last empty); a context past 1K."""
     _sm90()
-    from rlt.attention import AttentionMetadata, KVCache, KVLayout
     from rlt.attention.backends.triton_backend import TritonBackend
+    from rlt.attention.synthetic import random_problem
     from rlt.decode.persistent import build_persistent_loop
+    from rlt.decode.persistent.plan import fp32_loop_step
     from rlt.platform.checkpoint import load_checkpoint
 
     path = tiny_checkpoint(seed=4, num_key_value_heads=kv_heads, max_position_embeddings=2048, **KERNEL_SHAPES)
     dev = torch.device("cuda")
     ck = load_checkpoint(path, dtype=torch.bfloat16, device=dev)
     model = ck.family.build_runtime(ck.config, ck.weights)
-    L, bs, planes, depth = ck.config.num_hidden_layers, 16, 3, 2
-    pages = -(-context // bs)
-    kv = KVCache.allocate(num_layers=L, num_blocks=pages * planes + 1, block_size=bs, num_kv_heads=kv_heads,
-                          head_dim=128, num_planes=planes, layout=KVLayout.LAST_EXITED, dtype=torch.bfloat16,
-                          device=dev)
-    g = torch.Generator(device=dev).manual_seed(5)
-    kv.k.copy_(torch.randn(kv.k.shape, device=dev, generator=g))
-    kv.v.copy_(torch.randn(kv.v.shape, device=dev, generator=g))
-    kv.token_depth.copy_(torch.randint(0, planes, kv.token_depth.shape, device=dev, generator=g, dtype=torch.int32))
-    bt = torch.randperm(pages * planes + 1, device=dev)[:pages * planes].to(torch.int32).view(1, planes, pages)
-    pos = context - 1
-    plane0 = bt[0, 0, pos // bs].long() * bs + pos % bs
-    kv.token_depth.view(-1)[plane0] = depth
-    qd = torch.tensor([depth], device=dev, dtype=torch.int32)
-    meta = AttentionMetadata(
-        query_start_loc=torch.tensor([0, 1], device=dev, dtype=torch.int32),
-        seq_lens=torch.tensor([context], device=dev, dtype=torch.int32), query_depth=qd, block_tables=bt,
-        slot_mapping=(bt[0, depth, pos // bs].long() * bs + pos % bs).view(1), plane0_slot_mapping=plane0.view(1),
-        token_query_depth=qd, positions=torch.tensor([pos], device=dev), max_query_len=1, max_seq_len=context,
-        layout=KVLayout.LAST_EXITED)
-    backend = TritonBackend()
-    meta = backend.prepare(kv, meta)
+    L = ck.config.num_hidden_layers
+    prob = random_problem([(context, 1, 2)], num_heads=4, num_kv_heads=kv_heads, head_dim=128, block_size=16,
+                          num_planes=3, dtype=torch.bfloat16, device=dev, num_layers=L, seed=5)
+    kv, backend = prob.kv, TritonBackend()
+    meta = backend.prepare(kv, prob.meta)
     rope = model.rotary(meta.positions)
-    hidden = torch.randn(1, ck.config.hidden_size, device=dev, generator=g).to(torch.bfloat16)
+    hidden = torch.randn(1, ck.config.hidden_size, device=dev, generator=torch.Generator(device=dev).manual_seed(6))
+    hidden = hidden.to(torch.bfloat16)
     k0, v0 = kv.k.clone(), kv.v.clone()
 
     ref = model.recurrent(hidden, rope, kv, backend, meta)
     ref_k, ref_v = kv.k.clone(), kv.v.clone()
-    model32 = ck.family.build_runtime(ck.config, {n: t.float() for n, t in ck.weights.items()})
-    kv32 = KVCache.allocate(num_layers=L, num_blocks=kv.k.shape[1], block_size=bs, num_kv_heads=kv_heads, head_dim=128,
-                            num_planes=planes, layout=KVLayout.LAST_EXITED, dtype=torch.float32, device=dev)
-    kv32.k.copy_(k0)
-    kv32.v.copy_(v0)
-    kv32.token_depth.copy_(kv.token_depth)
-    oracle = model32.recurrent(hidden.float(), model32.rotary(meta.positions), kv32, backend,
-                               backend.prepare(kv32, attrs.evolve(meta, resolved_slots=None)))
+    oracle = fp32_loop_step(ck.family, ck.config, ck.weights, hidden, kv, backend, meta)
 
     kv.k.copy_(k0)
     kv.v.copy_(v0)

@@ -161,28 +161,23 @@ def _persistent_loop(ctx):
         raise CompositionError(f"persistent_loop: {exc}; drop --persistent-loop") from None
 
 
-def _install_persistent(builder, options: PersistentLoopOptions) -> None:
-    def check(ctx, inner):
-        if "static_buffers" not in ctx.feature_options:
-            raise CompositionError("persistent_loop needs the static_buffers feature; drop --no-static-buffers")
-        return inner
-
-    builder.wrap("executor", check)
-
-
 def _kernels_run_on(device) -> bool:
     """Triton kernels run on this device (a GPU; the interpreter in tests)."""
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _install_graphs(builder, options: GraphOptions) -> None:
-    def check(ctx, inner):
-        if "static_buffers" not in ctx.feature_options:
-            raise CompositionError("graphs needs the static_buffers feature; drop --no-static-buffers or add "
-                                   "--no-graphs")
-        return inner
+def _needs_static_buffers(name: str, fix: str):
+    """The install of a feature that only configures the static executor (``_install_static`` reads its
+    options): at composition, refuse it without ``static_buffers``, saying how to fix it."""
+    def install(builder, options) -> None:
+        def check(ctx, inner):
+            if "static_buffers" not in ctx.feature_options:
+                raise CompositionError(f"{name} needs the static_buffers feature; {fix}")
+            return inner
 
-    builder.wrap("executor", check)
+        builder.wrap("executor", check)
+
+    return install
 
 
 def _ring_size(ctx) -> int:
@@ -214,12 +209,13 @@ FEATURES = [
             options=StaticBufferOptions, install=_install_static),
     Feature(name="graphs", package="rlt-decode",
             description="capture and replay decode-only steps as CUDA/HIP graphs (needs static_buffers)",
-            requires=frozenset({Capability.GRAPH_CAPTURE}), options=GraphOptions, install=_install_graphs),
+            requires=frozenset({Capability.GRAPH_CAPTURE}), options=GraphOptions,
+            install=_needs_static_buffers("graphs", "drop --no-static-buffers or add --no-graphs")),
     Feature(name="persistent_loop", package="rlt-decode",
             description="one-row decode steps run each loop as ONE persistent kernel (Ouro, bf16, NVIDIA compute "
                         "capability 9.0+; needs static_buffers; off by default: not yet measured on a GPU)",
             requires=frozenset({Capability.GRAPH_CAPTURE}), options=PersistentLoopOptions,
-            install=_install_persistent, enabled_by_default=False),
+            install=_needs_static_buffers("persistent_loop", "drop --no-static-buffers"), enabled_by_default=False),
     Feature(name="pipeline", package="rlt-decode",
             description="token-level pipeline: decode steps in flight, sampled tokens kept on the device and read "
                         "back with a bounded lag (needs static_buffers)",

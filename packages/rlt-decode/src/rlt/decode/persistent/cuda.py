@@ -163,37 +163,51 @@ def loop_shared_bytes(stages: int) -> int:
     return stages * STAGE_ELEMS * 2 + (MAX_K + ROWS + CONSUMER_WARPS) * 4 + stages * 16
 
 
+def loop_scratch(model, splits: int, device) -> dict[str, torch.Tensor]:
+    """The kernel's global scratch for ``model`` at ``splits`` context splits a head (``LoopArgs``' float buffers,
+    and the grid barrier's counter, zeroed before each launch)."""
+    cfg = model.cfg
+    nq, nkv, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
+    sizes = dict(qkv=(nq + 2 * nkv) * HEAD_DIM, part=nq * splits * (HEAD_DIM + 2), o_out=H, hres=2 * H,
+                 act=cfg.intermediate_size, down=H)
+    bufs = {name: torch.zeros(n, device=device) for name, n in sizes.items()}
+    bufs["counter"] = torch.zeros(1, dtype=torch.int32, device=device)
+    return bufs
+
+
+def loop_args(model, lw: LoopWeights, bufs: dict[str, torch.Tensor], splits: int, layers: int, hidden, out, cos, sin,
+              k_cache, v_cache, slots, write_slot, seq_len) -> LoopArgs:
+    """``LoopArgs`` of one launch (tensors by address: those of a captured graph's buffers replay with new values)."""
+    cfg = model.cfg
+    p = lambda t: ctypes.c_void_p(t.data_ptr())
+    return LoopArgs(p(lw.packed), p(lw.norms), p(lw.final_norm), p(hidden), p(out), p(cos), p(sin), p(k_cache),
+                    p(v_cache), k_cache.stride(0), p(slots), p(write_slot), p(seq_len),
+                    *(p(bufs[n]) for n in ("qkv", "part", "o_out", "hres", "act", "down", "counter")),
+                    cfg.hidden_size, cfg.intermediate_size, layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+                    splits, cfg.rms_norm_eps, HEAD_DIM ** -0.5 * math.log2(math.e))
+
+
 class CudaLoop:
     """The compiled loop kernel with its scratch buffers, for one model (bf16, one CTA per SM)."""
 
     kind = "cuda"
 
     def __init__(self, model, lw: LoopWeights, stages: int = 12, ctas: int | None = None, nvrtc: str = "") -> None:
-        cfg = model.cfg
         dev = lw.packed.device
         self.model, self.lw = model, lw
         self.ctas = ctas or torch.cuda.get_device_properties(dev).multi_processor_count
         self.stages = stages
         self.kernel = Kernel(build(LOOP_SOURCE, {"NSTAGES": stages}, nvrtc), loop_shared_bytes(stages), "ouro_loop")
-        nq, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.splits = splits_for(nq, self.ctas)
+        self.splits = splits_for(model.cfg.num_attention_heads, self.ctas)
         #: layers a launch runs (all of the model's; a probe's diagnosis runs the first alone)
         self.layers = len(model.layers)
-        f = lambda n: torch.zeros(n, device=dev)
-        H, I = cfg.hidden_size, cfg.intermediate_size
-        self.bufs = dict(qkv=f((nq + 2 * nkv) * HEAD_DIM), part=f(nq * self.splits * (HEAD_DIM + 2)), o_out=f(H),
-                         hres=f(2 * H), act=f(I), down=f(H), counter=torch.zeros(1, dtype=torch.int32, device=dev))
+        self.bufs = loop_scratch(model, self.splits, dev)
 
     def __call__(self, hidden, out, cos, sin, k_cache, v_cache, slots, write_slot, seq_len) -> None:
         """One loop step: ``hidden`` / ``out`` ``[H]`` bf16; cos / sin ``[HEAD_DIM]``; the caches ``[L, blocks,
         block_size, nkv, d]``; ``slots`` int32 resolved key slots; ``write_slot`` int64 ``[1]``; ``seq_len``
         int32 ``[1]`` (device tensors, so that a graph replays the launch with new values)."""
-        cfg, b = self.model.cfg, self.bufs
-        b["counter"].zero_()
-        p = lambda t: ctypes.c_void_p(t.data_ptr())
-        args = LoopArgs(p(self.lw.packed), p(self.lw.norms), p(self.lw.final_norm), p(hidden), p(out), p(cos), p(sin),
-                        p(k_cache), p(v_cache), k_cache.stride(0), p(slots), p(write_slot), p(seq_len), p(b["qkv"]),
-                        p(b["part"]), p(b["o_out"]), p(b["hres"]), p(b["act"]), p(b["down"]), p(b["counter"]),
-                        cfg.hidden_size, cfg.intermediate_size, self.layers, cfg.num_attention_heads,
-                        cfg.num_key_value_heads, self.splits, cfg.rms_norm_eps, HEAD_DIM ** -0.5 * math.log2(math.e))
+        self.bufs["counter"].zero_()
+        args = loop_args(self.model, self.lw, self.bufs, self.splits, self.layers, hidden, out, cos, sin, k_cache,
+                         v_cache, slots, write_slot, seq_len)
         self.kernel.launch(self.ctas, THREADS, [args])

@@ -197,3 +197,14 @@ def emulate(model, lw: LoopWeights, hidden: torch.Tensor, cos: torch.Tensor, sin
             trace.append(dict(qkv=qkv, o=o, o_out=o_out, h=h, act=act, down=down))
     h = r(h + rms(down, norms[len(model.layers) - 1, 3]))
     return rms(h, final)
+
+
+def fp32_loop_step(family, cfg, weights: dict[str, torch.Tensor], hidden: torch.Tensor, kv, backend, meta):
+    """``OuroModel.recurrent`` of the same rows in fp32 — the bf16 weights and cache widened, cos / sin computed
+    in fp32 — on a copy of the cache: the arithmetic the bf16 paths (the kernel-per-op one, the loop kernel,
+    its emulation) are measured against. ``hidden``: ``[R, H]``."""
+    model = family.build_runtime(cfg, {n: t.float() for n, t in weights.items()})
+    kv32 = attrs.evolve(kv, k=kv.k.float(), v=kv.v.float(),
+                        token_depth=None if kv.token_depth is None else kv.token_depth.clone())
+    meta32 = backend.prepare(kv32, attrs.evolve(meta, resolved_slots=None))
+    return model.recurrent(hidden.float(), model.rotary(meta.positions), kv32, backend, meta32)
