@@ -112,7 +112,7 @@ def _with_emulated_loop(engine, ctas: int = 5) -> Counting:
 
     ex = engine.ctx.parts.executor
     impl = Counting(EmulatedLoop(ex.model, loop.pack(ex.model), ctas=ctas))
-    ex.persistent = PersistentLoop(ex.model, ex.kv, impl)
+    ex.persistent = PersistentLoop(ex.kv, impl)
     return impl
 
 

@@ -50,8 +50,8 @@ class PersistentLoop:
     """``model.recurrent`` for one decode row, as one launch of ``impl`` (:class:`~rlt.decode.persistent.cuda.
     CudaLoop` or :class:`EmulatedLoop`)."""
 
-    def __init__(self, model, kv, impl) -> None:
-        self.model, self.kv, self.impl = model, kv, impl
+    def __init__(self, kv, impl) -> None:
+        self.kv, self.impl = kv, impl
 
     def __call__(self, x: torch.Tensor, rope, meta) -> torch.Tensor:
         """The loop step of the one row of ``meta`` (``x``: ``[1, H]``), its K/V stored at the row's slot."""
@@ -90,4 +90,4 @@ def build_persistent_loop(model, kv, device: torch.device, stages: int = 12) -> 
         impl = CudaLoop(model, pack(model), stages=stages)
     except (OSError, RuntimeError) as exc:
         raise ValueError(f"the loop kernel did not build: {exc}"[:400]) from None
-    return PersistentLoop(model, kv, impl)
+    return PersistentLoop(kv, impl)
