@@ -34,7 +34,11 @@ import torch
 
 from benchmarks.megakernel import probe
 from rlt.decode.persistent.cuda import CudaLoop
-from rlt.decode.persistent.plan import HEAD_DIM, fp32_loop_step, pack
+from rlt.decode.persistent.plan import HEAD_DIM, STAMPS, fp32_loop_step, pack
+
+#: the stretches between loop_kernel.cu's phase stamps, a layer
+SEGMENTS = ("qkv_prologue", "qkv_gemv", "qkv_barrier", "attention", "attention_barrier", "o_prologue", "o_gemv",
+            "o_barrier", "gu_prologue", "gu_gemv", "gu_barrier", "down_prologue", "down_gemv", "down_barrier")
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
@@ -86,6 +90,29 @@ def diagnose(model, kern, hidden, cos, sin, kv, slots, wslot, seq, backend, meta
     return errs
 
 
+def breakdown(kern, run) -> dict:
+    """One launch with the kernel's phase stamps: per stretch of a layer (SEGMENTS), microseconds averaged over the
+    CTAs and layers, and the slowest CTA's (its layer average); a barrier's stretch is that CTA's wait there (the
+    spread of the CTAs' arrivals plus the barrier itself). Clock cycles to ns by each CTA's launch-long ratio."""
+    L, ctas = kern.layers, kern.ctas
+    times = torch.zeros(ctas * (L * STAMPS + 4), dtype=torch.int64, device=kern.lw.packed.device)
+    kern.times = times
+    try:
+        run()
+        torch.cuda.synchronize()
+    finally:
+        kern.times = None
+    st = times[:ctas * L * STAMPS].view(ctas, L, STAMPS)[..., :len(SEGMENTS) + 1].double()
+    ends = times[ctas * L * STAMPS:].view(ctas, 4).double()
+    ns_per_clock = (ends[:, 2] - ends[:, 0]) / (ends[:, 3] - ends[:, 1])
+    seg = st.diff(dim=-1) * ns_per_clock[:, None, None] / 1e3  # [ctas, L, segments] us
+    mean, worst = seg.mean((0, 1)), seg.mean(1).max(0).values
+    return {"us_per_layer": {n: [round(mean[i].item(), 2), round(worst[i].item(), 2)] for i, n in enumerate(SEGMENTS)},
+            "layer_us": round(seg.sum(-1).mean().item(), 2),
+            "launch_us": round((ends[:, 2] - ends[:, 0]).median().item() / 1e3, 1),
+            "ghz": round(1 / ns_per_clock.median().item(), 3)}
+
+
 def main() -> None:
     from benchmarks.bench_model import NAMED_CONFIGS, random_weights
     from rlt.attention.backends.triton_backend import TritonBackend
@@ -96,7 +123,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="ouro-1.4b")
     ap.add_argument("--context", type=int, default=1024, help="context length including the new token")
-    ap.add_argument("--stages", default="12,10")
+    ap.add_argument("--stages", default="12")
+    ap.add_argument("--warps", default="4,8", help="consumer warps a CTA")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--nvrtc", default="")
     ap.add_argument("--out", default="")
@@ -145,10 +173,10 @@ def main() -> None:
     print(f"kernel-per-op loop step, one graph: {statistics.median(ms):.3f} ms", flush=True)
 
     out = torch.empty_like(hidden)
-    for n in (int(x) for x in a.stages.split(",")):
-        name = f"persistent_s{n}"
+    for n, w in ((int(x), int(y)) for x in a.stages.split(",") for y in a.warps.split(",")):
+        name = f"persistent_s{n}_w{w}"
         try:
-            kern = CudaLoop(model, lw, stages=n, ctas=sms, nvrtc=a.nvrtc)
+            kern = CudaLoop(model, lw, stages=n, ctas=sms, nvrtc=a.nvrtc, consumer_warps=w)
         except RuntimeError as exc:
             result["variants"][name] = {"error": str(exc)[-3000:]}
             print(f"{name}: {exc}", flush=True)
@@ -171,6 +199,11 @@ def main() -> None:
               + ", ".join(f"{k} {v:.1e}" for k, v in entry["layer0_phase_rel_err"].items()), flush=True)
         entry["ms"] = probe.med3(run, a.reps)
         print(f"{name}: {statistics.median(entry['ms']):.3f} ms a loop step", flush=True)
+        entry["phases"] = breakdown(kern, run)
+        ph = entry["phases"]
+        print(f"{name}: a layer {ph['layer_us']} us ({ph['launch_us']} us a launch, {ph['ghz']} GHz); per stretch "
+              "(mean / slowest CTA): " + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in ph["us_per_layer"].items()),
+              flush=True)
         result["variants"][name] = entry
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))

@@ -31,9 +31,11 @@ def _rel(a, b):
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
+@pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("kv_heads,context", [(4, 300), (2, 1), (2, 1025)])
-def test_loop_kernel_is_the_recurrent_step(tiny_checkpoint, kv_heads, context):
-    """MHA and GQA; one key (the new token alone: every split but the last empty); a context past 1K."""
+def test_loop_kernel_is_the_recurrent_step(tiny_checkpoint, kv_heads, context, warps):
+    """MHA and GQA; one key (the new token alone: every split but the last empty); a context past 1K; 4 and 8
+    consumer warps a CTA."""
     _sm90()
     from rlt.attention.backends.triton_backend import TritonBackend
     from rlt.attention.synthetic import random_problem
@@ -61,10 +63,10 @@ def test_loop_kernel_is_the_recurrent_step(tiny_checkpoint, kv_heads, context):
 
     kv.k.copy_(k0)
     kv.v.copy_(v0)
-    loop = build_persistent_loop(model, kv, dev)
+    loop = build_persistent_loop(model, kv, dev, consumer_warps=warps)
     out = loop(hidden, rope, meta)
     torch.cuda.synchronize()
-    print(f"kv_heads={kv_heads} context={context}: kernel vs fp32 {_rel(out, oracle):.2e}, kernel-per-op vs fp32 "
+    print(f"kv_heads={kv_heads} context={context} warps={warps}: kernel vs fp32 {_rel(out, oracle):.2e}, kernel-per-op vs fp32 "
           f"{_rel(ref, oracle):.2e}, kernel vs kernel-per-op {_rel(out, ref):.2e}")
     assert torch.isfinite(out).all()
     assert _rel(out, oracle) <= 2 * _rel(ref, oracle) + 1e-3

@@ -200,19 +200,21 @@ SIM_DIR = Path(__file__).parent / "cuda_sim"
 SIM_STAGES = 4  # a short ring: the producer wraps around it many times a layer
 
 
-@pytest.fixture(scope="module")
-def cuda_sim(tmp_path_factory):
-    """loop_kernel.cu compiled for the CPU with cuda_cpu_sim.h (g++, C++20: std::barrier)."""
+@pytest.fixture(scope="module", params=[4, 8], ids=lambda w: f"{w}warps")
+def cuda_sim(request, tmp_path_factory):
+    """loop_kernel.cu compiled for the CPU with cuda_cpu_sim.h (g++, C++20: std::barrier), at 4 and 8 consumer
+    warps: (the library, its consumer warps)."""
     from rlt.decode.persistent import cuda
 
     gxx = shutil.which("g++")
     assert gxx, "g++ not found: the CPU simulator of the loop kernel needs a C++20 compiler"
     lib = tmp_path_factory.mktemp("cuda_sim") / "libouro_loop_sim.so"
     cmd = [gxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-w", "-DRLT_CPU_SIM", f"-DNSTAGES={SIM_STAGES}",
+           f"-DCONSUMER_WARPS={request.param}",
            "-DWATCHDOG_NS=120000000000ull", f"-I{cuda.HERE}", f"-I{SIM_DIR}", str(SIM_DIR / "launch.cpp"),
            "-o", str(lib)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return str(lib)
+    return str(lib), request.param
 
 
 def _sim_launch(lib: str, args_bytes: bytes, ctas: int, smem: int) -> None:  # in a child process: an abort stays there
@@ -244,18 +246,26 @@ def test_the_cuda_source_runs_on_a_cpu_simulator(cuda_sim, ctas, context):
     bufs = cuda.loop_scratch(model, splits, "cpu")
     out = torch.zeros_like(hidden)
     k0, v0 = kv.k.clone(), kv.v.clone()
-    for t in (out, kv.k, kv.v, *bufs.values()):
+    times = torch.zeros(ctas * (L * loop.STAMPS + 4), dtype=torch.int64)
+    for t in (out, kv.k, kv.v, times, *bufs.values()):
         t.share_memory_()  # the child process writes them
     args = cuda.loop_args(model, lw, bufs, splits, L, hidden, out, cos, sin, kv.k, kv.v, slots,
-                          meta.slot_mapping[:1], meta.seq_lens[:1])
+                          meta.slot_mapping[:1], meta.seq_lens[:1], times)
+    lib, warps = cuda_sim
     child = multiprocessing.get_context("fork").Process(
-        target=_sim_launch, args=(cuda_sim, bytes(args), ctas, cuda.loop_shared_bytes(SIM_STAGES)))
+        target=_sim_launch, args=(lib, bytes(args), ctas, cuda.loop_shared_bytes(SIM_STAGES, warps)))
     child.start()
     child.join(240)
     if child.is_alive():
         child.kill()
     assert child.exitcode == 0, f"the simulated kernel did not finish (exit code {child.exitcode})"
-    assert bufs["counter"].item() == L * 5 * ctas  # five grid barriers a layer, every CTA
+    assert bufs["counter"][0].item() == L * 5 * ctas  # five grid barriers a layer, every CTA
+    assert (bufs["counter"][1:] == L * splits).all()  # every head: its splits' partials, every layer
+    stamps = times[:ctas * L * loop.STAMPS].view(ctas, L, loop.STAMPS)  # (the probe's phase breakdown)
+    ends = times[ctas * L * loop.STAMPS:].view(ctas, 4)
+    assert (stamps[..., :15] > 0).all() and (stamps[..., 15] == 0).all()
+    flat = torch.cat([ends[:, 1:2], stamps[..., :15].reshape(ctas, -1), ends[:, 3:]], 1)
+    assert (flat.diff(dim=1) >= 0).all() and (ends[:, 2] >= ends[:, 0]).all()
 
     written = [(new != old).view(L, -1, nkv * 128).any(-1) for new, old in ((kv.k, k0), (kv.v, v0))]
     assert all(w[:, slot].all() and w.sum().item() == L for w in written)

@@ -154,6 +154,7 @@ inline uint64_t globaltimer_ns() {
   return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+inline long long clock64() { return (long long)globaltimer_ns(); }  // (an SM's cycle counter on a GPU)
 inline uint32_t load_acquire_u32(const unsigned int* p) {
   const uint32_t v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
   std::this_thread::yield();

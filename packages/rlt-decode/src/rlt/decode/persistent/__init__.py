@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from rlt.attention.gather import key_slots
-from rlt.decode.persistent.plan import HEAD_DIM, LoopWeights, check_model, emulate, pack
+from rlt.decode.persistent.plan import CONSUMER_WARPS, HEAD_DIM, LoopWeights, check_model, emulate, pack
 
 
 class EmulatedLoop:
@@ -71,7 +71,8 @@ class PersistentLoop:
                 "packed_weight_mib": round(lw.packed.numel() * lw.packed.element_size() / 2**20, 1)}
 
 
-def build_persistent_loop(model, kv, device: torch.device, stages: int = 12) -> PersistentLoop:
+def build_persistent_loop(model, kv, device: torch.device, stages: int = 12,
+                          consumer_warps: int = CONSUMER_WARPS) -> PersistentLoop:
     """The persistent loop for this model and cache on ``device``; ``ValueError`` says why it cannot run."""
     check_model(model)
     if model.layers[0].qkv.dtype != torch.bfloat16 or kv.k.dtype != torch.bfloat16:
@@ -87,7 +88,7 @@ def build_persistent_loop(model, kv, device: torch.device, stages: int = 12) -> 
     from rlt.decode.persistent.cuda import CudaLoop
 
     try:
-        impl = CudaLoop(model, pack(model), stages=stages)
+        impl = CudaLoop(model, pack(model), stages=stages, consumer_warps=consumer_warps)
     except (OSError, RuntimeError) as exc:
         raise ValueError(f"the loop kernel did not build: {exc}"[:400]) from None
     return PersistentLoop(kv, impl)

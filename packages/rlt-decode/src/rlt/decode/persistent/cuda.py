@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from rlt.decode.persistent.plan import (CONSUMER_WARPS, HEAD_DIM, MAX_K, ROWS, STAGE_ELEMS, THREADS, LoopWeights,
-                                        splits_for)
+from rlt.decode.persistent.plan import CONSUMER_WARPS, HEAD_DIM, MAX_K, ROWS, STAGE_ELEMS, LoopWeights, splits_for
 
 HERE = Path(__file__).parent
 LOOP_SOURCE = HERE / "loop_kernel.cu"
@@ -151,16 +150,16 @@ class LoopArgs(ctypes.Structure):
 
     _fields_ = [(n, ctypes.c_void_p) for n in ("w", "norms", "final_norm", "hidden_in", "out", "cos", "sin", "k_cache",
                                                "v_cache")] + [("layer_stride", ctypes.c_longlong)] + \
-               [(n, ctypes.c_void_p) for n in ("slots", "write_slot", "seq_len", "qkv", "part", "o_out", "hres", "act",
-                                               "down", "counter")] + \
+               [(n, ctypes.c_void_p) for n in ("slots", "write_slot", "seq_len", "qkv", "part", "o", "o_out", "hres",
+                                               "act", "down", "counter", "times")] + \
                [(n, ctypes.c_int) for n in ("hidden", "inter", "layers", "nq", "nkv", "splits")] + \
                [("eps", ctypes.c_float), ("scale_log2", ctypes.c_float)]
 
 
-def loop_shared_bytes(stages: int) -> int:
+def loop_shared_bytes(stages: int, consumer_warps: int = CONSUMER_WARPS) -> int:
     """Dynamic shared memory of ``loop_kernel.cu``: the ring, the phase input, row sums, reduction scratch,
     two mbarriers a stage."""
-    return stages * STAGE_ELEMS * 2 + (MAX_K + ROWS + CONSUMER_WARPS) * 4 + stages * 16
+    return stages * STAGE_ELEMS * 2 + (MAX_K + ROWS + consumer_warps) * 4 + stages * 16
 
 
 def loop_scratch(model, splits: int, device) -> dict[str, torch.Tensor]:
@@ -168,40 +167,49 @@ def loop_scratch(model, splits: int, device) -> dict[str, torch.Tensor]:
     and the grid barrier's counter, zeroed before each launch)."""
     cfg = model.cfg
     nq, nkv, H = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size
-    sizes = dict(qkv=(nq + 2 * nkv) * HEAD_DIM, part=nq * splits * (HEAD_DIM + 2), o_out=H, hres=2 * H,
-                 act=cfg.intermediate_size, down=H)
+    sizes = dict(qkv=(nq + 2 * nkv) * HEAD_DIM, part=nq * splits * (HEAD_DIM + 2), o=nq * HEAD_DIM, o_out=H,
+                 hres=2 * H, act=cfg.intermediate_size, down=H)
     bufs = {name: torch.zeros(n, device=device) for name, n in sizes.items()}
-    bufs["counter"] = torch.zeros(1, dtype=torch.int32, device=device)
+    bufs["counter"] = torch.zeros(1 + nq, dtype=torch.int32, device=device)  # the grid barrier's, then a head's
     return bufs
 
 
 def loop_args(model, lw: LoopWeights, bufs: dict[str, torch.Tensor], splits: int, layers: int, hidden, out, cos, sin,
-              k_cache, v_cache, slots, write_slot, seq_len) -> LoopArgs:
-    """``LoopArgs`` of one launch (tensors by address: those of a captured graph's buffers replay with new values)."""
+              k_cache, v_cache, slots, write_slot, seq_len, times: torch.Tensor | None = None) -> LoopArgs:
+    """``LoopArgs`` of one launch (tensors by address: those of a captured graph's buffers replay with new values);
+    ``times``: int64 ``[ctas * (layers * STAMPS + 4)]`` for the phase stamps (None: none taken)."""
     cfg = model.cfg
     p = lambda t: ctypes.c_void_p(t.data_ptr())
     return LoopArgs(p(lw.packed), p(lw.norms), p(lw.final_norm), p(hidden), p(out), p(cos), p(sin), p(k_cache),
                     p(v_cache), k_cache.stride(0), p(slots), p(write_slot), p(seq_len),
-                    *(p(bufs[n]) for n in ("qkv", "part", "o_out", "hres", "act", "down", "counter")),
+                    *(p(bufs[n]) for n in ("qkv", "part", "o", "o_out", "hres", "act", "down", "counter")),
+                    ctypes.c_void_p(times.data_ptr() if times is not None else None),
                     cfg.hidden_size, cfg.intermediate_size, layers, cfg.num_attention_heads, cfg.num_key_value_heads,
                     splits, cfg.rms_norm_eps, HEAD_DIM ** -0.5 * math.log2(math.e))
 
 
 class CudaLoop:
-    """The compiled loop kernel with its scratch buffers, for one model (bf16, one CTA per SM)."""
+    """The compiled loop kernel with its scratch buffers, for one model (bf16, one CTA per SM;
+    ``consumer_warps``: 4 or 8 consumer warps a CTA)."""
 
     kind = "cuda"
 
-    def __init__(self, model, lw: LoopWeights, stages: int = 12, ctas: int | None = None, nvrtc: str = "") -> None:
+    def __init__(self, model, lw: LoopWeights, stages: int = 12, ctas: int | None = None, nvrtc: str = "",
+                 consumer_warps: int = CONSUMER_WARPS) -> None:
+        if consumer_warps not in (4, 8):
+            raise ValueError(f"consumer_warps {consumer_warps}: the kernel splits a stage's 16 rows over 4 or 8 warps")
         dev = lw.packed.device
         self.model, self.lw = model, lw
         self.ctas = ctas or torch.cuda.get_device_properties(dev).multi_processor_count
-        self.stages = stages
-        self.kernel = Kernel(build(LOOP_SOURCE, {"NSTAGES": stages}, nvrtc), loop_shared_bytes(stages), "ouro_loop")
+        self.stages, self.threads = stages, 32 * (1 + consumer_warps)
+        defines = {"NSTAGES": stages, "CONSUMER_WARPS": consumer_warps}
+        self.kernel = Kernel(build(LOOP_SOURCE, defines, nvrtc), loop_shared_bytes(stages, consumer_warps), "ouro_loop")
         self.splits = splits_for(model.cfg.num_attention_heads, self.ctas)
         #: layers a launch runs (all of the model's; a probe's diagnosis runs the first alone)
         self.layers = len(model.layers)
         self.bufs = loop_scratch(model, self.splits, dev)
+        #: int64 phase stamps of the next launches when set (``loop_args``' ``times``; the probe's breakdown)
+        self.times: torch.Tensor | None = None
 
     def __call__(self, hidden, out, cos, sin, k_cache, v_cache, slots, write_slot, seq_len) -> None:
         """One loop step: ``hidden`` / ``out`` ``[H]`` bf16; cos / sin ``[HEAD_DIM]``; the caches ``[L, blocks,
@@ -209,5 +217,5 @@ class CudaLoop:
         int32 ``[1]`` (device tensors, so that a graph replays the launch with new values)."""
         self.bufs["counter"].zero_()
         args = loop_args(self.model, self.lw, self.bufs, self.splits, self.layers, hidden, out, cos, sin, k_cache,
-                         v_cache, slots, write_slot, seq_len)
-        self.kernel.launch(self.ctas, THREADS, [args])
+                         v_cache, slots, write_slot, seq_len, self.times)
+        self.kernel.launch(self.ctas, self.threads, [args])

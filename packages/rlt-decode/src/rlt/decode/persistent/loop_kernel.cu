@@ -17,17 +17,23 @@
 //           since its store by another CTA may not have landed), an online softmax per warp, the CTA's
 //           (m, l, acc) written as one partial; the first split of a kv head's first q head stores the
 //           rotated k and v at the token's slot
-//     O     prologue: the partials merged per head -> o (bf16 values); GEMV -> o_out
+//           the last CTA to write a head's partial (a per-head count) merges the head -> o (bf16 values)
+//     O     prologue: o; GEMV -> o_out
 //     GU    prologue: h += RMS_in2(o_out), m = RMS_post(h) (CTA 0 keeps h); GEMV tiles of 8 gate + 8 up
 //           rows -> act = SiLU(g) * u
 //     DOWN  GEMV -> down
 //   and after the last layer CTA 0 writes out = RMS_final(h + RMS_post2(down)).
-// Every CTA computes a prologue's whole vector itself (one row: a few KB from L2), so a phase needs no
+// Every CTA computes a prologue's whole vector itself (one row: a few KB from L2; each thread's elements in
+// registers, every load issued at once, the norm weights loaded before the barrier), so a phase needs no
 // extra barrier; the residual h is kept in two global buffers used alternately (GU writes hres[1]
 // from hres[0], QKV writes hres[0] from hres[1]) so no CTA overwrites what another still reads.
 #include "persistent.cuh"
 
 #define HEAD_DIM 128
+#define MAX_H 2048                    // the widest hidden size (Ouro-1.4B / 2.6B: 2048)
+#define PER_H (MAX_H / CONSUMERS)     // a consumer thread's elements of a hidden-sized vector
+#define PER_K (MAX_K / CONSUMERS)     // ... of the widest phase input
+#define STAMPS 16                     // phase-boundary stamps a layer (times)
 
 struct LoopArgs {
   const uint16_t* w;           // packed GEMV stages, all layers (phase_table() stages each)
@@ -46,11 +52,15 @@ struct LoopArgs {
   const int* seq_len;          // [1] context length including the new token
   float* qkv;                  // [(nq + 2 nkv) HEAD_DIM]
   float* part;                 // [nq * splits][HEAD_DIM + 2]: acc, m, l
+  float* o;                    // [nq * HEAD_DIM] the merged attention (bf16 values)
   float* o_out;                // [H]
   float* hres;                 // [2][H]
   float* act;                  // [I]
   float* down;                 // [H]
-  unsigned int* counter;       // zero at launch
+  unsigned int* counter;       // [1 + nq] zero at launch: the grid barrier's arrivals, then per q head its
+                               // attention partials written (the last writer of a layer merges the head)
+  long long* times;            // null, or [ctas][layers][STAMPS] clock64 stamps + [ctas][4]: start ns / clock,
+                               // end ns / clock (benchmarks/megakernel/loop.py's phase breakdown)
   int hidden, inter, layers, nq, nkv, splits;
   float eps, scale_log2;       // RMS epsilon; softmax scale * log2(e)
 };
@@ -88,27 +98,52 @@ __device__ __forceinline__ float consumers_sum(float v, float* red, int warp, in
   return s;
 }
 
-// rms_norm(x, w) as layers.rms_norm in bf16: w * (x * rsqrt(mean(x^2) + eps)).to(bf16), one rounding each.
-// xs: [n] the bf16 values (fp32, this thread's elements tid, tid + CONSUMERS, ...); the result in place.
-__device__ __forceinline__ void rms_norm_inplace(float* xs, const uint16_t* w, int n, float eps, float* red, int tid,
-                                                 int warp, int lane) {
+// A vector in registers: v[k] is element tid + k * CONSUMERS (0 beyond n); every load issued before any is used,
+// so a prologue pays one memory latency, not one per element or per step.
+template <int PER>
+__device__ __forceinline__ void load_regs(const float* src, float (&v)[PER], int n, int tid) {
+#pragma unroll
+  for (int k = 0; k < PER; ++k) v[k] = tid + k * CONSUMERS < n ? __ldcg(src + tid + k * CONSUMERS) : 0.f;
+}
+template <int PER>
+__device__ __forceinline__ void load_regs(const uint16_t* src, float (&v)[PER], int n, int tid) {
+#pragma unroll
+  for (int k = 0; k < PER; ++k) v[k] = tid + k * CONSUMERS < n ? ldbf(src + tid + k * CONSUMERS) : 0.f;
+}
+template <int PER>
+__device__ __forceinline__ void store_regs(const float (&v)[PER], float* dst, int n, int tid) {
+#pragma unroll
+  for (int k = 0; k < PER; ++k)
+    if (tid + k * CONSUMERS < n) dst[tid + k * CONSUMERS] = v[k];
+}
+
+// rms_norm(v, w) as layers.rms_norm in bf16: w * (v * rsqrt(mean(v^2) + eps)).to(bf16), one rounding each
+// (v, w: bf16 values in registers, as load_regs holds them; the zeros beyond n add nothing to the sum).
+__device__ __forceinline__ void rms_regs(float (&v)[PER_H], const float (&w)[PER_H], int n, float eps, float* red,
+                                         int warp, int lane) {
   float ss = 0.f;
-  for (int i = tid; i < n; i += CONSUMERS) ss += xs[i] * xs[i];
+#pragma unroll
+  for (int k = 0; k < PER_H; ++k) ss += v[k] * v[k];
   const float r = rsqrtf(consumers_sum(ss, red, warp, lane) / n + eps);
-  for (int i = tid; i < n; i += CONSUMERS) xs[i] = bf16r(ldbf(w + i) * bf16r(xs[i] * r));
+#pragma unroll
+  for (int k = 0; k < PER_H; ++k) v[k] = bf16r(w[k] * bf16r(v[k] * r));
 }
 
 // fused_ops.add_norm_norm at one row: h_new = h + RMS_w1(x); xin = RMS_w2(h_new). x, h: global (written by
-// other CTAs before the last barrier: read through L2); h_keep: where CTA 0 keeps h_new (null: nowhere).
-__device__ void add_norm_norm(const float* x, const float* h, const uint16_t* w1, const uint16_t* w2, float* h_keep,
-                              float* xin, int n, float eps, float* red, bool keep, int tid, int warp, int lane) {
-  for (int i = tid; i < n; i += CONSUMERS) xin[i] = __ldcg(x + i);
-  rms_norm_inplace(xin, w1, n, eps, red, tid, warp, lane);
-  for (int i = tid; i < n; i += CONSUMERS) {
-    xin[i] = bf16r(__ldcg(h + i) + xin[i]);
-    if (keep) h_keep[i] = xin[i];
-  }
-  rms_norm_inplace(xin, w2, n, eps, red, tid, warp, lane);
+// other CTAs before the last barrier: read through L2); w1, w2: the norms' weights, loaded before that barrier;
+// h_keep: where CTA 0 keeps h_new (keep false: nowhere).
+__device__ void add_norm_norm(const float* x, const float* h, const float (&w1)[PER_H], const float (&w2)[PER_H],
+                              float* h_keep, float* xin, int n, float eps, float* red, bool keep, int tid, int warp,
+                              int lane) {
+  float xv[PER_H], hv[PER_H];
+  load_regs(x, xv, n, tid);
+  load_regs(h, hv, n, tid);
+  rms_regs(xv, w1, n, eps, red, warp, lane);
+#pragma unroll
+  for (int k = 0; k < PER_H; ++k) xv[k] = bf16r(hv[k] + xv[k]);
+  if (keep) store_regs(xv, h_keep, n, tid);
+  rms_regs(xv, w2, n, eps, red, warp, lane);
+  store_regs(xv, xin, n, tid);
 }
 
 // fused_ops._rope_kernel's order for one head at ``src`` (bf16 values): x * cos + rotate_half(x) * sin,
@@ -124,39 +159,58 @@ __device__ __forceinline__ void rope_head(const float* src, const uint16_t* cosp
   }
 }
 
-// The attention phase of one layer (module comment). sm: 3 * HEAD_DIM + CONSUMER_WARPS * (HEAD_DIM + 2) floats.
+// o[head] (bf16 values) from the head's split partials (acc, m, l), merged in split order
+__device__ __forceinline__ void merge_head(const LoopArgs& a, int head, int tid) {
+  const int S = a.splits, D = HEAD_DIM;
+  const float* base = a.part + (long long)head * S * (D + 2);
+  float m = -1.0e30f;
+  for (int s = 0; s < S; ++s) m = fmaxf(m, __ldcg(base + s * (D + 2) + D));
+  float accd = 0.f, l = 0.f;
+  for (int s = 0; s < S; ++s) {
+    const float sc = exp2f(__ldcg(base + s * (D + 2) + D) - m);
+    accd += sc * __ldcg(base + s * (D + 2) + tid);
+    l += sc * __ldcg(base + s * (D + 2) + D + 1);
+  }
+  a.o[head * D + tid] = bf16r(accd / (l > 0.f ? l : 1.f));
+}
+
+// The attention phase of one layer (module comment). sm: 3 * HEAD_DIM + CONSUMER_WARPS * (HEAD_DIM + 2) + 1 floats.
 __device__ void attention(const LoopArgs& a, int layer, float* sm, int cta, int ctas, int tid, int warp, int lane) {
   float* q = sm;                    // rotated q * scale_log2
   float* knew = q + HEAD_DIM;       // the new token's rotated k (bf16 values)
   float* vnew = knew + HEAD_DIM;
   float* wpart = vnew + HEAD_DIM;   // per warp: acc[HEAD_DIM], m, l
-  const int S = a.splits, group = a.nq / a.nkv, D = HEAD_DIM;
+  int* merges = reinterpret_cast<int*>(wpart + CONSUMER_WARPS * (HEAD_DIM + 2));  // this CTA merges the head
+  const int S = a.splits, group = a.nq / a.nkv, D = HEAD_DIM, STEP = CONSUMER_WARPS * 32;
   const int seq = *a.seq_len, ctx = seq - 1;  // cached positions 0..ctx-1; the new token is position ctx
   const long long slot_new = *a.write_slot;
   const long long row_stride = (long long)a.nkv * D;
   for (int item = cta; item < a.nq * S; item += ctas) {
     const int head = item / S, split = item % S, kvh = head / group;
+    // this split's positions: [p0, p1) of the cache, and the new token in the last split
+    const int per = (ctx + S - 1) / S;
+    const int p0 = min(ctx, split * per), p1 = min(ctx, p0 + per) + (split == S - 1 ? 1 : 0);
+    // a lane's key at pos: its cache row's offset (0: none, or the new token's, which is read from shared memory)
+    auto key_offset = [&](int pos) -> long long {
+      return pos < p1 && pos != ctx ? (long long)__ldg(a.slots + pos) * row_stride : 0;
+    };
+    long long off = key_offset(p0 + warp * 32 + lane);  // the first block's, in flight under RoPE's loads
     rope_head(a.qkv + head * D, a.cos, a.sin, q, a.scale_log2, tid);
     rope_head(a.qkv + (a.nq + kvh) * D, a.cos, a.sin, knew, 1.f, tid);
     if (tid < D) vnew[tid] = __ldcg(a.qkv + (a.nq + a.nkv + kvh) * D + tid);
     consumers_sync();
     if (split == 0 && head % group == 0 && slot_new >= 0 && tid < D) {
-      const long long off = layer * a.layer_stride + slot_new * row_stride + (long long)kvh * D + tid;
-      a.k_cache[off] = bf16_bits(knew[tid]);
-      a.v_cache[off] = bf16_bits(vnew[tid]);
+      const long long st = layer * a.layer_stride + slot_new * row_stride + (long long)kvh * D + tid;
+      a.k_cache[st] = bf16_bits(knew[tid]);
+      a.v_cache[st] = bf16_bits(vnew[tid]);
     }
-    // this split's positions: [p0, p1) of the cache, and the new token in the last split
-    const int per = (ctx + S - 1) / S;
-    const int p0 = min(ctx, split * per), p1 = min(ctx, p0 + per) + (split == S - 1 ? 1 : 0);
     const uint16_t* kbase = a.k_cache + layer * a.layer_stride + (long long)kvh * D;
     const uint16_t* vbase = a.v_cache + layer * a.layer_stride + (long long)kvh * D;
     float m_i = -1.0e30f, l_i = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};  // acc: dims 4 * lane .. 4 * lane + 3
-    for (int b = p0 + warp * 32; b < p1; b += CONSUMER_WARPS * 32) {
+    for (int b = p0 + warp * 32; b < p1; b += STEP) {
       const int pos = b + lane;
       const bool valid = pos < p1;
       const bool fresh = pos == ctx;
-      long long off = 0;
-      if (valid && !fresh) off = (long long)__ldg(a.slots + pos) * row_stride;
       float s = -1.0e30f;
       if (valid) {  // lane-per-key: q . k over HEAD_DIM
         float d = 0.f;
@@ -174,6 +228,7 @@ __device__ void attention(const LoopArgs& a, int layer, float* sm, int cta, int 
         }
         s = d;
       }
+      const long long next_off = key_offset(b + STEP + lane);  // the next block's, in flight under this one
       float mb = s;
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, o));
@@ -191,7 +246,7 @@ __device__ void attention(const LoopArgs& a, int layer, float* sm, int cta, int 
       // last position, so the last of its block)
       const int n = min(32, p1 - b);
       const int cached = (ctx >= b && ctx < b + n) ? ctx - b : n;
-#pragma unroll 8
+#pragma unroll 16
       for (int j = 0; j < cached; ++j) {
         const float pj = __shfl_sync(0xffffffffu, p, j);
         const long long oj = __shfl_sync(0xffffffffu, off, j);
@@ -206,8 +261,9 @@ __device__ void attention(const LoopArgs& a, int layer, float* sm, int cta, int 
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[r] += pj * vnew[lane * 4 + r];
       }
+      off = next_off;
     }
-    // the CTA's four warps into one partial
+    // the CTA's warps into one partial
     float* mine = wpart + warp * (D + 2);
 #pragma unroll
     for (int r = 0; r < 4; ++r) mine[lane * 4 + r] = acc[r];
@@ -231,25 +287,17 @@ __device__ void attention(const LoopArgs& a, int layer, float* sm, int cta, int 
         out[D] = m;
         out[D + 1] = l;
       }
+      __threadfence();  // the partial visible before its count (the threadFenceReduction pattern)
     }
     consumers_sync();
-  }
-}
-
-// o (bf16 values) from the attention partials: per head, the splits' (acc, m, l) merged
-__device__ void merge_heads(const LoopArgs& a, float* xin, int tid) {
-  const int S = a.splits, D = HEAD_DIM;
-  for (int head = 0; head < a.nq; ++head) {
-    const float* base = a.part + (long long)head * S * (D + 2);
-    float m = -1.0e30f;
-    for (int s = 0; s < S; ++s) m = fmaxf(m, __ldcg(base + s * (D + 2) + D));
-    float accd = 0.f, l = 0.f;
-    for (int s = 0; s < S; ++s) {
-      const float sc = exp2f(__ldcg(base + s * (D + 2) + D) - m);
-      if (tid < D) accd += sc * __ldcg(base + s * (D + 2) + tid);
-      l += sc * __ldcg(base + s * (D + 2) + D + 1);
+    // the head's last partial of this layer merges the head, so o_proj's prologue reads o as one vector
+    if (tid == 0) *merges = atomicAdd(a.counter + 1 + head, 1u) == (unsigned int)((layer + 1) * S - 1);
+    consumers_sync();
+    if (*merges) {
+      __threadfence();
+      if (tid < D) merge_head(a, head, tid);
     }
-    if (tid < D) xin[head * D + tid] = bf16r(accd / (l > 0.f ? l : 1.f));
+    consumers_sync();  // (q, knew, vnew, wpart and merges are the next item's)
   }
 }
 
@@ -284,31 +332,54 @@ extern "C" __global__ void __launch_bounds__(32 + CONSUMERS, MIN_BLOCKS) ouro_lo
   const int tid = threadIdx.x - 32, warp = tid / 32, lane = tid % 32;
   const int H = a.hidden;
   const bool keeper = cta == 0;
+  // phase-boundary stamps (a.times; benchmarks/megakernel/loop.py): layer start, then after each prologue, each
+  // phase's GEMV tiles, the attention and each grid barrier
+  long long* stamps = a.times ? a.times + (long long)cta * a.layers * STAMPS : nullptr;
+  int stamp_k = 0;
+  auto stamp = [&](int layer) {
+    if (stamps && tid == 0) stamps[layer * STAMPS + stamp_k] = clock64();
+    ++stamp_k;
+  };
+  long long* ends = a.times ? a.times + (long long)ctas * a.layers * STAMPS + cta * 4 : nullptr;
+  if (ends && tid == 0) {
+    ends[0] = (long long)globaltimer_ns();
+    ends[1] = clock64();
+  }
+  // the norm weights of the next prologue, loaded before the grid barrier that precedes it (w1: the norm of the
+  // branch output, w2: the one of the new residual; layer 0's QKV: w2 alone)
+  float w1[PER_H], w2[PER_H];
+  load_regs(a.norms, w2, H, tid);
   unsigned int n = 0, barriers = 0;
   for (int layer = 0; layer < a.layers; ++layer) {
     const uint16_t* nw = a.norms + (long long)layer * 4 * H;  // in, in2, post, post2
+    stamp_k = 0;
+    stamp(layer);
     for (int p = 0; p < GEMV_PHASES; ++p) {
       const Phase ph = phase[p];
       // the phase's input vector, every CTA its own copy
       if (p == P_QKV) {
         if (layer == 0) {
-          for (int i = tid; i < H; i += CONSUMERS) {
-            xin[i] = ldbf(a.hidden_in + i);
-            if (keeper) a.hres[i] = xin[i];
-          }
-          rms_norm_inplace(xin, nw, H, a.eps, red, tid, warp, lane);
+          float xv[PER_H];
+          load_regs(a.hidden_in, xv, H, tid);
+          if (keeper) store_regs(xv, a.hres, H, tid);
+          rms_regs(xv, w2, H, a.eps, red, warp, lane);
+          store_regs(xv, xin, H, tid);
         } else {
-          add_norm_norm(a.down, a.hres + H, nw - 4 * H + 3 * H, nw, a.hres, xin, H, a.eps, red, keeper, tid, warp,
-                        lane);
+          add_norm_norm(a.down, a.hres + H, w1, w2, a.hres, xin, H, a.eps, red, keeper, tid, warp, lane);
         }
       } else if (p == P_O) {
-        merge_heads(a, xin, tid);
+        float ov[PER_H];
+        load_regs(a.o, ov, H, tid);
+        store_regs(ov, xin, H, tid);
       } else if (p == P_GU) {
-        add_norm_norm(a.o_out, a.hres, nw + H, nw + 2 * H, a.hres + H, xin, H, a.eps, red, keeper, tid, warp, lane);
+        add_norm_norm(a.o_out, a.hres, w1, w2, a.hres + H, xin, H, a.eps, red, keeper, tid, warp, lane);
       } else {
-        for (int i = tid; i < ph.k; i += CONSUMERS) xin[i] = __ldcg(a.act + i);
+        float av[PER_K];
+        load_regs(a.act, av, ph.k, tid);
+        store_regs(av, xin, ph.k, tid);
       }
       consumers_sync();
+      stamp(layer);
       for (int t = first_tile(ph, cta, ctas); t < ph.tiles; t += ctas) {
         consume_tile(ph.chunks, xin, n, ring, full, empty, rowsum, warp, lane);
         consumers_sync();
@@ -326,16 +397,30 @@ extern "C" __global__ void __launch_bounds__(32 + CONSUMERS, MIN_BLOCKS) ouro_lo
         }
         consumers_sync();
       }
+      stamp(layer);
+      if (p == P_O) {  // GU's prologue: h += RMS_in2(o_out), m = RMS_post(h)
+        load_regs(nw + H, w1, H, tid);
+        load_regs(nw + 2 * H, w2, H, tid);
+      } else if (p == P_DOWN) {  // the next QKV prologue (or the end): h += RMS_post2(down), then RMS_in / final
+        load_regs(nw + 3 * H, w1, H, tid);
+        load_regs(layer + 1 < a.layers ? nw + 4 * H : a.final_norm, w2, H, tid);
+      }
       grid_sync(a.counter, ++barriers * (unsigned int)ctas);
+      stamp(layer);
       if (p == P_QKV) {
         attention(a, layer, xin, cta, ctas, tid, warp, lane);
+        stamp(layer);
         grid_sync(a.counter, ++barriers * (unsigned int)ctas);
+        stamp(layer);
       }
     }
   }
   if (keeper) {  // out = RMS_final(h + RMS_post2(down))
-    const uint16_t* post2 = a.norms + (long long)(a.layers - 1) * 4 * H + 3 * H;
-    add_norm_norm(a.down, a.hres + H, post2, a.final_norm, nullptr, xin, H, a.eps, red, false, tid, warp, lane);
+    add_norm_norm(a.down, a.hres + H, w1, w2, nullptr, xin, H, a.eps, red, false, tid, warp, lane);
     for (int i = tid; i < H; i += CONSUMERS) a.out[i] = bf16_bits(xin[i]);
+  }
+  if (ends && tid == 0) {
+    ends[2] = (long long)globaltimer_ns();
+    ends[3] = clock64();
   }
 }

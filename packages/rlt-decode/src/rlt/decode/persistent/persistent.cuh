@@ -18,8 +18,11 @@ typedef unsigned long long uint64_t;
 #define CK 512
 #define STAGE_ELEMS (ROWS * CK)
 #define STAGE_BYTES (STAGE_ELEMS * 2)
-#define CONSUMER_WARPS 4
+#ifndef CONSUMER_WARPS
+#define CONSUMER_WARPS 4  // 4 or 8: each takes ROWS_PER_WARP rows of a stage
+#endif
 #define CONSUMERS (CONSUMER_WARPS * 32)
+#define ROWS_PER_WARP (ROWS / CONSUMER_WARPS)
 #define MAX_K 6144  // the widest input vector (Ouro-1.4B: I = 5632)
 #ifndef RLT_CPU_SIM
 #define DYNAMIC_SHARED(name) extern __shared__ __align__(128) unsigned char name[]
@@ -131,9 +134,10 @@ __device__ __forceinline__ void grid_sync(unsigned int* counter, unsigned int ta
   consumers_sync();
 }
 
-// The consumers' share of one stage: warp w multiplies rows 4w..4w+3 of the staged [ROWS x CK] tile
+// The consumers' share of one stage: warp w multiplies rows w*ROWS_PER_WARP.. of the staged [ROWS x CK] tile
 // by the CK-wide slice ``xc`` of the phase input (fp32, shared memory), each lane 16 columns, into acc.
-__device__ __forceinline__ void stage_dot(const uint16_t* stage, const float* xc, float acc[4], int warp, int lane) {
+__device__ __forceinline__ void stage_dot(const uint16_t* stage, const float* xc, float acc[ROWS_PER_WARP], int warp,
+                                          int lane) {
   float xa[16];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -143,8 +147,8 @@ __device__ __forceinline__ void stage_dot(const uint16_t* stage, const float* xc
     xa[h * 8 + 4] = b.x; xa[h * 8 + 5] = b.y; xa[h * 8 + 6] = b.z; xa[h * 8 + 7] = b.w;
   }
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const uint16_t* row = stage + (warp * 4 + r) * CK;
+  for (int r = 0; r < ROWS_PER_WARP; ++r) {
+    const uint16_t* row = stage + (warp * ROWS_PER_WARP + r) * CK;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint4 v = *reinterpret_cast<const uint4*>(row + h * 256 + lane * 8);
@@ -155,16 +159,16 @@ __device__ __forceinline__ void stage_dot(const uint16_t* stage, const float* xc
   }
 }
 
-// The four row sums of each consumer warp (acc after its stages) reduced over the lanes into rowsum[ROWS].
-__device__ __forceinline__ void tile_rowsums(float acc[4], float* rowsum, int warp, int lane) {
+// The ROWS_PER_WARP row sums of each consumer warp (acc after its stages) reduced over the lanes into rowsum[ROWS].
+__device__ __forceinline__ void tile_rowsums(float acc[ROWS_PER_WARP], float* rowsum, int warp, int lane) {
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
+  for (int r = 0; r < ROWS_PER_WARP; ++r) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
   }
   if (lane == 0) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) rowsum[warp * 4 + r] = acc[r];
+    for (int r = 0; r < ROWS_PER_WARP; ++r) rowsum[warp * ROWS_PER_WARP + r] = acc[r];
   }
 }
 
@@ -230,7 +234,7 @@ __device__ __forceinline__ void produce_phase(const uint16_t* lw, const Phase& p
 template <bool COMPUTE = true>
 __device__ __forceinline__ void consume_tile(int chunks, const float* xin, unsigned int& n, const uint16_t* ring,
                                              uint64_t* full, uint64_t* empty, float* rowsum, int warp, int lane) {
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc[ROWS_PER_WARP] = {};
   for (int c = 0; c < chunks; ++c, ++n) {
     const int st = n % NSTAGES;
     mbar_wait(&full[st], (n / NSTAGES) & 1);

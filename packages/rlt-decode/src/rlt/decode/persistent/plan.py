@@ -20,10 +20,13 @@ import torch
 ROWS, CK = 16, 512
 STAGE_ELEMS = ROWS * CK
 MAX_K = 6144
+MAX_H = 2048  # the widest hidden size (its prologues hold a thread's elements in registers)
 CONSUMERS = 128
 THREADS = 32 + CONSUMERS
 CONSUMER_WARPS = CONSUMERS // 32
 HEAD_DIM = 128
+#: the loop kernel's phase stamps a layer (its `times`)
+STAMPS = 16
 #: a layer's norm weights in the kernel's order (Ouro's sandwich norms)
 NORMS = ("input_layernorm", "input_layernorm_2", "post_attention_layernorm", "post_attention_layernorm_2")
 #: the GEMV phases of a layer
@@ -49,8 +52,8 @@ def check_model(model) -> None:
         why.append(f"head_dim {d} != {HEAD_DIM}")
     if nq * d != h:
         why.append(f"heads x head_dim {nq * d} != hidden {h}")
-    if h % CK or i % CK or max(h, i) > MAX_K:
-        why.append(f"hidden {h} / intermediate {i} must be multiples of {CK}, at most {MAX_K}")
+    if h % CK or i % CK or h > MAX_H or i > MAX_K:
+        why.append(f"hidden {h} / intermediate {i} must be multiples of {CK}, at most {MAX_H} / {MAX_K}")
     if nq % nkv:
         why.append(f"{nq} q heads over {nkv} kv heads")
     if why:
