@@ -28,9 +28,15 @@
 # at prompt-sized rows: 7-19 % slower than cuBLAS + the elementwise kernels, not built) and h200 (C=128 did not fit).
 # The 2026-12-07 evening session (no lease: two H200 starts refused, then loans paused) built the persistent_loop
 # feature (rlt.decode.persistent: one-row decode steps' loops as ONE persistent kernel) — compiled with NVRTC and
-# checked on CPU only. Next lease, FIRST on any card: CALL=persist (~6 min: does the kernel run, is it right, what
-# does it give C=1). Then, by priority (on an H200 with a short lease: CALL=h200, below — k128's 32K default, C=1 /
-# C=64 decode, mk, then wd, in one call, ~7-8 min):
+# checked on CPU only. Lease 21 (2026-12-07/08, benchmarks/results/h200-20261207-lease21: an H200, then an H100)
+# ran persist twice: the kernel is correct on hardware (GPU tests passed) but slower than the kernel-per-op graph
+# (first version 1.975 vs 1.182 ms a loop step on the H200; after the register prologues / head merge, 1.661 at 8
+# consumer warps vs 1.395 on the H100; its per-stretch breakdown: attention ~11-17 us a layer and ~30 us of barrier
+# waits, during which the 12-stage rings cannot hold enough weights to keep HBM busy). Since then: the producer's
+# L2 prefetch of the next phase (L2_AHEAD, off until measured). Next lease, FIRST on any card: CALL=persist
+# (~2.5 min; the probe's variants are l2ahead 0 / 8 / 16 at 8 warps, with the breakdown). Then, by priority (on an
+# H200 with a short lease: CALL=h200, below — k128's 32K default, C=1 / C=64 decode, mk, then wd, in one call,
+# ~7-8 min):
 #   k128 (H200 only: C=128 1K/128, the lease-13 defaults against the old projection rows and attention tiles;
 #   K128_PART=b first — the default at 32K and 64K budgets, fullrows at 32K —, then a) > mk on an H200 (the probe
 #   against that device's read rate: issue 10's C=1 projection) > i's C=128 decode profile (H200 only) > h (FA4) > d.

@@ -6,6 +6,7 @@ rounding points. A device call of the probe then has only the CUDA side left to 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -181,17 +182,21 @@ def test_build_refuses_what_the_kernel_cannot_run(tiny_checkpoint):
 
 def test_the_kernel_compiles_for_sm90_without_spills():
     """loop_kernel.cu through NVRTC (rlt-decode's test environment installs nvidia-cuda-nvrtc-cu12; no GPU needed):
-    sm_90a machine code at the ring depths the option allows, no spills, registers within what one CTA of
-    160 threads a SM may use, and shared memory at 12 stages within the 227 KB a Hopper block may have."""
+    sm_90a machine code at the ring depths the option allows, both consumer-warp counts and with the producer's L2
+    prefetches, no spills, registers
+    within what one CTA a SM may use (64K a SM over its 32 + 32 x warps threads), and shared memory at 12 stages
+    within the 227 KB a Hopper block may have."""
     from rlt.decode.persistent import cuda
 
     lib = cuda.find_nvrtc()
     assert lib, "libnvrtc not found: pip install nvidia-cuda-nvrtc-cu12 (rlt-decode's test environment has it)"
-    for stages in (12, 2):
-        cubin, log = cuda.nvrtc_compile(lib, {"NSTAGES": stages}, cuda.LOOP_SOURCE, verbose=True)
+    for stages, warps, ahead in ((12, 8, 0), (2, 8, 0), (12, 4, 0), (12, 8, 16)):
+        cubin, log = cuda.nvrtc_compile(lib, {"NSTAGES": stages, "CONSUMER_WARPS": warps, "L2_AHEAD": ahead},
+                                        cuda.LOOP_SOURCE, verbose=True)
         assert cubin[:4] == b"\x7fELF" and "ouro_loop" in log
         assert "0 bytes spill stores, 0 bytes spill loads" in log, log
-        assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 255
+        regs = int(re.search(r"Used (\d+) registers", log).group(1))
+        assert regs <= 255 and regs * 32 * (1 + warps) <= 65536, (warps, regs)
     assert cuda.loop_shared_bytes(12) <= 227 * 1024
 
 
@@ -200,21 +205,21 @@ SIM_DIR = Path(__file__).parent / "cuda_sim"
 SIM_STAGES = 4  # a short ring: the producer wraps around it many times a layer
 
 
-@pytest.fixture(scope="module", params=[4, 8], ids=lambda w: f"{w}warps")
+@pytest.fixture(scope="module", params=[(4, 0), (8, 5)], ids=lambda p: f"{p[0]}warps-l2ahead{p[1]}")
 def cuda_sim(request, tmp_path_factory):
-    """loop_kernel.cu compiled for the CPU with cuda_cpu_sim.h (g++, C++20: std::barrier), at 4 and 8 consumer
-    warps: (the library, its consumer warps)."""
+    """loop_kernel.cu compiled for the CPU with cuda_cpu_sim.h (g++, C++20: std::barrier), at 4 consumer warps and
+    at 8 with the producer's L2 prefetches 5 stages ahead: (the library, its consumer warps)."""
     from rlt.decode.persistent import cuda
 
     gxx = shutil.which("g++")
     assert gxx, "g++ not found: the CPU simulator of the loop kernel needs a C++20 compiler"
     lib = tmp_path_factory.mktemp("cuda_sim") / "libouro_loop_sim.so"
     cmd = [gxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-w", "-DRLT_CPU_SIM", f"-DNSTAGES={SIM_STAGES}",
-           f"-DCONSUMER_WARPS={request.param}",
+           f"-DCONSUMER_WARPS={request.param[0]}", f"-DL2_AHEAD={request.param[1]}",
            "-DWATCHDOG_NS=120000000000ull", f"-I{cuda.HERE}", f"-I{SIM_DIR}", str(SIM_DIR / "launch.cpp"),
            "-o", str(lib)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return str(lib), request.param
+    return str(lib), request.param[0]
 
 
 def _sim_launch(lib: str, args_bytes: bytes, ctas: int, smem: int) -> None:  # in a child process: an abort stays there
@@ -222,7 +227,9 @@ def _sim_launch(lib: str, args_bytes: bytes, ctas: int, smem: int) -> None:  # i
 
     from rlt.decode.persistent.cuda import LoopArgs
 
-    ct.CDLL(lib).sim_ouro_loop(ct.byref(LoopArgs.from_buffer_copy(args_bytes)), ctas, ct.c_ulong(smem))
+    rc = ct.CDLL(lib).sim_ouro_loop(ct.byref(LoopArgs.from_buffer_copy(args_bytes)), ctas, ct.c_ulong(smem))
+    if rc:  # (launch.cpp: the L2 prefetches did not name the stages the ring loaded)
+        os._exit(10 + rc)
 
 
 @pytest.mark.parametrize("ctas,context", [(3, 37), (5, 1), (9, 60), (17, 200)])

@@ -25,6 +25,7 @@
 #define __device__
 #define __global__
 #define __forceinline__ inline
+#define __noinline__
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
 #define __restrict__
@@ -58,7 +59,21 @@ struct Cta {
   unsigned char* smem;
   std::mutex mutex;  // guards mbars
   std::vector<MBar> mbars;
+  // the source addresses of the producer's bulk copies and L2 prefetches (the launcher checks that every prefetch
+  // named a stage the copies loaded)
+  std::vector<const void*> loads, prefetches;
 };
+
+// the global bytes the bulk copies and prefetches may read (set by the launcher; a copy outside aborts)
+inline const unsigned char* src_lo = nullptr;
+inline const unsigned char* src_hi = nullptr;
+inline void check_source(const void* src, uint32_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(src);
+  if (src_lo && (p < src_lo || p + bytes > src_hi)) {
+    std::fprintf(stderr, "bulk copy / prefetch outside the weights: %p + %u\n", src, bytes);
+    std::abort();
+  }
+}
 
 inline thread_local Dim3 thread_idx, block_idx;
 inline Dim3 grid_dim;
@@ -143,11 +158,17 @@ inline bool mbar_try_wait(uint64_t* bar, uint32_t parity) {  // the phase of thi
   return done;
 }
 inline void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  sim::check_source(src, bytes);
+  sim::cta->loads.push_back(src);
   std::memcpy(dst, src, bytes);
   std::lock_guard<std::mutex> g(sim::cta->mutex);
   sim::MBar& m = sim::mbar(bar);
   m.tx -= bytes;
   sim::mbar_complete_if_done(m);
+}
+inline void bulk_prefetch_l2(const void* src, uint32_t bytes) {  // (the producer lane alone calls it)
+  sim::check_source(src, bytes);
+  sim::cta->prefetches.push_back(src);
 }
 inline void consumers_sync() { sim::cta->consumers.arrive_and_wait(); }
 inline uint64_t globaltimer_ns() {

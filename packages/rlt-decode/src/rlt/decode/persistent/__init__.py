@@ -19,7 +19,8 @@ plan; ``cuda`` compiles and launches it).
 
 Tests: the plan against the oracle and the engine with it (CPU), the CUDA source on a CPU simulator
 (``tests/rlt-decode/cuda_sim``), and on a GPU ``tests/gpu/test_persistent_loop_gpu.py``. Off by default
-(``--persistent-loop``): its numbers are in ``docs/decode.md`` once a GPU measured them.
+(``--persistent-loop``): correct on the GPU but measured slower than the kernel-per-op graph (lease 21;
+``docs/decode.md``, "The persistent loop").
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@
 //
 // Layout of the work (one CTA per SM, 1 producer lane + CONSUMER_WARPS consumer warps, persistent.cuh):
 // - the producer streams the CTA's GEMV weight stages (q/k/v, o_proj, gate/up, down_proj of every layer,
-//   packed as in gemv_chain) into the shared-memory ring, running ahead across the grid barriers;
+//   packed as in gemv_chain) into the shared-memory ring, running ahead across the grid barriers; with
+//   L2_AHEAD > 0 it first prefetches up to that many of the next phase's stages into L2 as it starts a phase, so
+//   that a stall of the consumers (attention, a barrier) with the ring full still has the HBM stream busy;
 // - the consumers run, per layer, five phases separated by grid barriers:
 //     QKV   prologue: the layer input a = RMS_in(h) (layer 0: h = the loop input; else h += RMS_post2(down)
 //           first); CTA 0 keeps h. GEMV tiles -> qkv (bf16 values)
@@ -319,12 +321,17 @@ extern "C" __global__ void __launch_bounds__(32 + CONSUMERS, MIN_BLOCKS) ouro_lo
   if (threadIdx.x == 0) ring_init(full, empty);
   __syncthreads();
 
-  if (threadIdx.x < 32) {  // the producer (gemv_chain's): every stage this CTA will consume, in order
+  if (threadIdx.x < 32) {  // the producer: every stage this CTA will consume, in order (and L2_AHEAD: module comment)
     if (threadIdx.x != 0) return;
     unsigned int n = 0;
     for (int layer = 0; layer < a.layers; ++layer) {
       const uint16_t* lw = a.w + (long long)layer * per_layer * STAGE_ELEMS;
-      for (int p = 0; p < GEMV_PHASES; ++p) produce_phase(lw, phase[p], cta, ctas, n, ring, full, empty);
+      for (int p = 0; p < GEMV_PHASES; ++p) {
+        if (L2_AHEAD && (p + 1 < GEMV_PHASES || layer + 1 < a.layers))  // the next phase's first stages into L2
+          prefetch_phase(p + 1 < GEMV_PHASES ? lw : lw + per_layer * STAGE_ELEMS, phase[(p + 1) % GEMV_PHASES], cta,
+                         ctas, L2_AHEAD);
+        produce_phase(lw, phase[p], cta, ctas, n, ring, full, empty);
+      }
     }
     return;
   }

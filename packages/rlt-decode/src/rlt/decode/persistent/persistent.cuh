@@ -19,7 +19,7 @@ typedef unsigned long long uint64_t;
 #define STAGE_ELEMS (ROWS * CK)
 #define STAGE_BYTES (STAGE_ELEMS * 2)
 #ifndef CONSUMER_WARPS
-#define CONSUMER_WARPS 4  // 4 or 8: each takes ROWS_PER_WARP rows of a stage
+#define CONSUMER_WARPS 8  // 4 or 8: each takes ROWS_PER_WARP rows of a stage (plan.CONSUMER_WARPS)
 #endif
 #define CONSUMERS (CONSUMER_WARPS * 32)
 #define ROWS_PER_WARP (ROWS / CONSUMER_WARPS)
@@ -72,6 +72,10 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
           smem_addr(dst)),
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
+}
+// the bytes at src (global) into L2, no completion tracked (the producer's lookahead beyond its ring)
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
@@ -213,18 +217,33 @@ __device__ __forceinline__ int first_tile(const Phase& ph, int cta, int ctas) {
   return r < 0 ? r + ctas : r;
 }
 
+// The producer's n-th stage (src: its 16 KB in global memory) into its ring slot, once the consumers released it
+__device__ __forceinline__ void ring_load(const uint16_t* src, unsigned int n, uint16_t* ring, uint64_t* full,
+                                          uint64_t* empty) {
+  const int st = n % NSTAGES;
+  mbar_wait(&empty[st], ((n / NSTAGES) & 1) ^ 1);
+  mbar_expect_tx(&full[st], STAGE_BYTES);
+  bulk_load(ring + st * STAGE_ELEMS, src, STAGE_BYTES, &full[st]);
+}
+
 // The producer lane's share of one phase of a layer (lw: the layer's packed stages): every stage of the CTA's
 // tiles, in the order the consumers take them, into the ring (n: the producer's running stage count).
 __device__ __forceinline__ void produce_phase(const uint16_t* lw, const Phase& ph, int cta, int ctas, unsigned int& n,
                                               uint16_t* ring, uint64_t* full, uint64_t* empty) {
   for (int t = first_tile(ph, cta, ctas); t < ph.tiles; t += ctas) {
     const uint16_t* tw = lw + (ph.stage0 + (long long)t * ph.chunks) * STAGE_ELEMS;
-    for (int c = 0; c < ph.chunks; ++c, ++n) {
-      const int st = n % NSTAGES;
-      mbar_wait(&empty[st], ((n / NSTAGES) & 1) ^ 1);
-      mbar_expect_tx(&full[st], STAGE_BYTES);
-      bulk_load(ring + st * STAGE_ELEMS, tw + (long long)c * STAGE_ELEMS, STAGE_BYTES, &full[st]);
-    }
+    for (int c = 0; c < ph.chunks; ++c, ++n) ring_load(tw + (long long)c * STAGE_ELEMS, n, ring, full, empty);
+  }
+}
+
+// The first ``most`` stages of the CTA's tiles of phase ph (lw: that layer's packed stages) into L2 (no completion
+// tracked: the ring's copies find them there). Not inlined: the producer's code adds no registers to the kernel's
+// allocation, which the consumers fill.
+__device__ __noinline__ void prefetch_phase(const uint16_t* lw, const Phase& ph, int cta, int ctas, int most) {
+  for (int t = first_tile(ph, cta, ctas); t < ph.tiles && most > 0; t += ctas) {
+    const uint16_t* tw = lw + (ph.stage0 + (long long)t * ph.chunks) * STAGE_ELEMS;
+    for (int c = 0; c < ph.chunks && most > 0; ++c, --most)
+      bulk_prefetch_l2(tw + (long long)c * STAGE_ELEMS, STAGE_BYTES);
   }
 }
 
