@@ -15,7 +15,8 @@
 # with weight L2 prefetch before the PDL wait, RLT_PREFETCH=1; paged = rlt-decode with every prompt row on
 # the paged kernel, RLT_DENSE_PREFILL=0 (fresh rows read densely is the default); all = fold + prefetch; devexit = rlt-decode with device-planned
 # steps under adaptive exit, --pipeline-device-exit; persist = rlt-decode with one-row steps' loops as one persistent
-# kernel, --persistent-loop (rlt.decode.persistent); full = rlt-decode and rlt-prefill composed (FA4 for prompt rows
+# kernel, --persistent-loop (rlt.decode.persistent; PERSIST_FLAGS: more of its flags, e.g.
+# --feature-flag=--persistent-loop-l2-ahead=16); full = rlt-decode and rlt-prefill composed (FA4 for prompt rows
 # when it imports: carry and install its wheels first); fullfold = full with RLT_FOLD=1; fullpaged = full with FA4's paged call for every prompt row, RLT_DENSE_PREFILL=0; copy = rlt-decode with step metadata copied,
 # RLT_UVA=0, instead of read by the mapped-memory kernel; tiles = rlt-decode with the fused projections' launch shapes
 # from TILES, RLT_LINEAR_TILES=$TILES, e.g. a sweep's winners; splitktma = rlt-decode with the split-K projections
@@ -82,7 +83,7 @@ for variant in ${VARIANTS:-base decode}; do
     splitktma) extra=(--feature-module rlt.decode.feature); splitktma=1 ;;
     notma) extra=(--feature-module rlt.decode.feature); splitktma=0; tiles="rope_kv:64=64x32x128x4x4,silu_mul:64=64x32x128x4x3" ;;
     devexit) extra=(--feature-module rlt.decode.feature --feature-flag=--pipeline-device-exit) ;;
-    persist) extra=(--feature-module rlt.decode.feature --feature-flag=--persistent-loop) ;;
+    persist) extra=(--feature-module rlt.decode.feature --feature-flag=--persistent-loop ${PERSIST_FLAGS:-}) ;;
     full) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features) ;;
     fullfold) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); foldv=1 ;;
     fullpaged) extra=(--feature-module rlt.decode.feature --feature-module rlt.prefill.features); dense=0 ;;

@@ -252,8 +252,11 @@ case $CALL in
     timeout ${PERSIST_TEST_TIMEOUT:-150} python3 -m pytest tests/gpu/test_persistent_loop_gpu.py -m gpu -q -p no:cacheprovider \
       -o addopts="" -rfEs -s > "$R/gpu-test.log" 2>&1
     echo "gpu test rc $?"; grep -E "passed|failed|^FAILED|^ERROR|kernel vs|bf16 greedy" "$R/gpu-test.log" | tail -12
-    SKIP_TESTS=1 VARIANTS="decode persist" BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=${PERSIST_BENCH_TIMEOUT:-110} \
-      OUT=$R bash scripts/decode_h200.sh ;;
+    # the decode run takes the probe's fastest L2 lookahead (--persistent-loop-l2-ahead)
+    AHEAD=$(python3 -c "import json,statistics,sys; v=json.load(open(sys.argv[1]))['variants']; t={int(k.rsplit('l2ahead',1)[1]): statistics.median(e['ms']) for k, e in v.items() if 'l2ahead' in k and 'ms' in e}; print(min(t, key=t.get) if t else 0)" "$R/loop/loop.json" 2>/dev/null || echo 0)
+    echo "persist at --persistent-loop-l2-ahead=$AHEAD"
+    PERSIST_FLAGS="--feature-flag=--persistent-loop-l2-ahead=$AHEAD" SKIP_TESTS=1 VARIANTS="decode persist" \
+      BENCH_ARGS=--no-sync-steps BENCH_TIMEOUT=${PERSIST_BENCH_TIMEOUT:-110} OUT=$R bash scripts/decode_h200.sh ;;
   loop)  # (any card, ~2 min) the persistent whole-loop kernel (benchmarks/megakernel/loop.py): its loop output and
     # K/V rows against OuroModel.recurrent (Triton, bf16) and an fp32 copy, then one loop step at C=1 / 1K context,
     # kernel against the kernel-per-op graph, back to back (issue 10's C=1 gap)

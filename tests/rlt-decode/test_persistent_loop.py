@@ -161,6 +161,25 @@ def test_feature_off_by_default_and_absent_on_cpu(tiny_checkpoint):
     assert engine.describe()["executor"]["persistent_loop"] is None
 
 
+def test_options_parse_from_the_server_flags_and_refuse_out_of_range():
+    """``--persistent-loop-stages`` / ``--persistent-loop-l2-ahead`` through the platform's flag machinery (as
+    ``rlt-server serve`` parses them); a value out of range is a clear error naming the flag."""
+    import argparse
+
+    from rlt.decode.feature import FEATURES
+    from rlt.platform.features import add_feature_arguments, options_from_args
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_feature_arguments(parser, FEATURES)
+    args = parser.parse_args(["--persistent-loop", "--persistent-loop-stages", "8", "--persistent-loop-l2-ahead", "16"])
+    switches, options = options_from_args(FEATURES, args)
+    assert switches["persistent_loop"] is True
+    assert (options["persistent_loop"].stages, options["persistent_loop"].l2_ahead) == (8, 16)
+    for flag, value in (("--persistent-loop-stages", "1"), ("--persistent-loop-l2-ahead", "33")):
+        with pytest.raises(ValueError, match=flag):
+            options_from_args(FEATURES, parser.parse_args(["--persistent-loop", flag, value]))
+
+
 def test_build_refuses_what_the_kernel_cannot_run(tiny_checkpoint):
     """Each reason is named: a model of other shapes, fp32 weights, a device that is not an NVIDIA GPU."""
     from rlt.decode.persistent import build_persistent_loop

@@ -64,10 +64,19 @@ class PersistentLoopOptions:
     stages: int = attrs.field(default=12, metadata={
         "help": "16 KB weight stages in each CTA's shared-memory ring of the loop kernel (2..12; default 12)"})
 
+    l2_ahead: int = attrs.field(default=0, metadata={
+        "help": "stages of its next phase each CTA's producer prefetches into L2 as it starts a phase (0..32; "
+                "default 0: none — not yet measured, docs/decode.md)"})
+
     @stages.validator
     def _check(self, attribute, value) -> None:
         if not isinstance(value, int) or not 2 <= value <= 12:
             raise ValueError(f"--persistent-loop-stages: expected an integer in 2..12, got {value!r}")
+
+    @l2_ahead.validator
+    def _check_ahead(self, attribute, value) -> None:
+        if not isinstance(value, int) or not 0 <= value <= 32:
+            raise ValueError(f"--persistent-loop-l2-ahead: expected an integer in 0..32, got {value!r}")
 
 
 @attrs.frozen
@@ -156,7 +165,8 @@ def _persistent_loop(ctx):
     from rlt.decode.persistent import build_persistent_loop
 
     try:
-        return build_persistent_loop(ctx.model, ctx.cache, ctx.device, stages=options.stages)
+        return build_persistent_loop(ctx.model, ctx.cache, ctx.device, stages=options.stages,
+                                     l2_ahead=options.l2_ahead)
     except ValueError as exc:
         raise CompositionError(f"persistent_loop: {exc}; drop --persistent-loop") from None
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from rlt.attention.gather import key_slots
-from rlt.decode.persistent.plan import CONSUMER_WARPS, HEAD_DIM, LoopWeights, check_model, emulate, pack
+from rlt.decode.persistent.plan import CONSUMER_WARPS, HEAD_DIM, L2_AHEAD, LoopWeights, check_model, emulate, pack
 
 
 class EmulatedLoop:
@@ -73,7 +73,7 @@ class PersistentLoop:
 
 
 def build_persistent_loop(model, kv, device: torch.device, stages: int = 12,
-                          consumer_warps: int = CONSUMER_WARPS) -> PersistentLoop:
+                          consumer_warps: int = CONSUMER_WARPS, l2_ahead: int = L2_AHEAD) -> PersistentLoop:
     """The persistent loop for this model and cache on ``device``; ``ValueError`` says why it cannot run."""
     check_model(model)
     if model.layers[0].qkv.dtype != torch.bfloat16 or kv.k.dtype != torch.bfloat16:
@@ -89,7 +89,7 @@ def build_persistent_loop(model, kv, device: torch.device, stages: int = 12,
     from rlt.decode.persistent.cuda import CudaLoop
 
     try:
-        impl = CudaLoop(model, pack(model), stages=stages, consumer_warps=consumer_warps)
+        impl = CudaLoop(model, pack(model), stages=stages, consumer_warps=consumer_warps, l2_ahead=l2_ahead)
     except (OSError, RuntimeError) as exc:
         raise ValueError(f"the loop kernel did not build: {exc}"[:400]) from None
     return PersistentLoop(kv, impl)
