@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from rlt.decode.persistent.plan import CONSUMER_WARPS, HEAD_DIM, L2_AHEAD, MAX_K, ROWS, STAGE_ELEMS, LoopWeights, splits_for
+from rlt.decode.persistent.plan import (CONSUMER_WARPS, HEAD_DIM, L2_AHEAD, MAX_K,
+                                         ROWS, STAGE_ELEMS, LoopWeights, splits_for)
 
 HERE = Path(__file__).parent
 LOOP_SOURCE = HERE / "loop_kernel.cu"
