@@ -33,8 +33,9 @@
 # (first version 1.975 vs 1.182 ms a loop step on the H200; after the register prologues / head merge, 1.661 at 8
 # consumer warps vs 1.395 on the H100; its per-stretch breakdown: attention ~11-17 us a layer and ~30 us of barrier
 # waits, during which the 12-stage rings cannot hold enough weights to keep HBM busy). Since then: the producer's
-# L2 prefetch of the next phase (L2_AHEAD, off until measured). Next lease, FIRST on any card: CALL=persist
-# (~2.5 min; the probe's variants are l2ahead 0 / 8 / 16 at 8 warps, with the breakdown). Then, by priority (on an
+# L2 prefetch of the next phase (L2_AHEAD, --persistent-loop-l2-ahead) and early V loads in attention (V_EARLY), both
+# off until measured. Next lease, FIRST on any card: CALL=persist (~3 min; the probe's variants are l2ahead 0 / 8 /
+# 16 x vearly 0 / 16 at 8 warps, each with the breakdown; C=1 decode at the fastest lookahead). Then, by priority (on an
 # H200 with a short lease: CALL=h200, below — k128's 32K default, C=1 / C=64 decode, mk, then wd, in one call,
 # ~7-8 min):
 #   k128 (H200 only: C=128 1K/128, the lease-13 defaults against the old projection rows and attention tiles;

@@ -126,6 +126,7 @@ def main() -> None:
     ap.add_argument("--stages", default="12")
     ap.add_argument("--warps", default="8", help="consumer warps a CTA")
     ap.add_argument("--l2-ahead", default="0,8,16", help="stages the producer prefetches into L2 beyond its ring")
+    ap.add_argument("--v-early", default="0,16", help="V rows of a key block loaded with its K rows")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--nvrtc", default="")
     ap.add_argument("--out", default="")
@@ -174,11 +175,12 @@ def main() -> None:
     print(f"kernel-per-op loop step, one graph: {statistics.median(ms):.3f} ms", flush=True)
 
     out = torch.empty_like(hidden)
-    for n, w, ahead in ((int(x), int(y), int(z)) for x in a.stages.split(",") for y in a.warps.split(",")
-                        for z in a.l2_ahead.split(",")):
-        name = f"persistent_s{n}_w{w}_l2ahead{ahead}"
+    for n, w, ahead, ve in ((int(x), int(y), int(z), int(e)) for x in a.stages.split(",") for y in a.warps.split(",")
+                            for z in a.l2_ahead.split(",") for e in a.v_early.split(",")):
+        name = f"persistent_s{n}_w{w}_vearly{ve}_l2ahead{ahead}"
         try:
-            kern = CudaLoop(model, lw, stages=n, ctas=sms, nvrtc=a.nvrtc, consumer_warps=w, l2_ahead=ahead)
+            kern = CudaLoop(model, lw, stages=n, ctas=sms, nvrtc=a.nvrtc, consumer_warps=w, l2_ahead=ahead,
+                            v_early=ve)
         except RuntimeError as exc:
             result["variants"][name] = {"error": str(exc)[-3000:]}
             print(f"{name}: {exc}", flush=True)

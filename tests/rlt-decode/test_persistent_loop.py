@@ -201,17 +201,17 @@ def test_build_refuses_what_the_kernel_cannot_run(tiny_checkpoint):
 
 def test_the_kernel_compiles_for_sm90_without_spills():
     """loop_kernel.cu through NVRTC (rlt-decode's test environment installs nvidia-cuda-nvrtc-cu12; no GPU needed):
-    sm_90a machine code at the ring depths the option allows, both consumer-warp counts and with the producer's L2
-    prefetches, no spills, registers
+    sm_90a machine code with every define at its default, at the ring depths the option allows, both consumer-warp
+    counts and with the producer's L2 prefetches and early V loads, no spills, registers
     within what one CTA a SM may use (64K a SM over its 32 + 32 x warps threads), and shared memory at 12 stages
     within the 227 KB a Hopper block may have."""
     from rlt.decode.persistent import cuda
 
     lib = cuda.find_nvrtc()
     assert lib, "libnvrtc not found: pip install nvidia-cuda-nvrtc-cu12 (rlt-decode's test environment has it)"
-    for stages, warps, ahead in ((12, 8, 0), (2, 8, 0), (12, 4, 0), (12, 8, 16)):
-        cubin, log = cuda.nvrtc_compile(lib, {"NSTAGES": stages, "CONSUMER_WARPS": warps, "L2_AHEAD": ahead},
-                                        cuda.LOOP_SOURCE, verbose=True)
+    for defines in ({}, dict(NSTAGES=2), dict(CONSUMER_WARPS=4), dict(L2_AHEAD=16, V_EARLY=16)):
+        warps = defines.get("CONSUMER_WARPS", 8)  # (what an absent define defaults to: persistent.cuh)
+        cubin, log = cuda.nvrtc_compile(lib, defines, cuda.LOOP_SOURCE, verbose=True)
         assert cubin[:4] == b"\x7fELF" and "ouro_loop" in log
         assert "0 bytes spill stores, 0 bytes spill loads" in log, log
         regs = int(re.search(r"Used (\d+) registers", log).group(1))
@@ -227,7 +227,7 @@ SIM_STAGES = 4  # a short ring: the producer wraps around it many times a layer
 @pytest.fixture(scope="module", params=[(4, 0), (8, 5)], ids=lambda p: f"{p[0]}warps-l2ahead{p[1]}")
 def cuda_sim(request, tmp_path_factory):
     """loop_kernel.cu compiled for the CPU with cuda_cpu_sim.h (g++, C++20: std::barrier), at 4 consumer warps and
-    at 8 with the producer's L2 prefetches 5 stages ahead: (the library, its consumer warps)."""
+    at 8 with the producer's L2 prefetches 5 stages ahead and 16 early V rows: (the library, its consumer warps)."""
     from rlt.decode.persistent import cuda
 
     gxx = shutil.which("g++")
@@ -235,6 +235,7 @@ def cuda_sim(request, tmp_path_factory):
     lib = tmp_path_factory.mktemp("cuda_sim") / "libouro_loop_sim.so"
     cmd = [gxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-w", "-DRLT_CPU_SIM", f"-DNSTAGES={SIM_STAGES}",
            f"-DCONSUMER_WARPS={request.param[0]}", f"-DL2_AHEAD={request.param[1]}",
+           f"-DV_EARLY={16 if request.param[1] else 0}",
            "-DWATCHDOG_NS=120000000000ull", f"-I{cuda.HERE}", f"-I{SIM_DIR}", str(SIM_DIR / "launch.cpp"),
            "-o", str(lib)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)

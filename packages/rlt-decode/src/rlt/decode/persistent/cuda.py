@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from rlt.decode.persistent.plan import (CONSUMER_WARPS, HEAD_DIM, L2_AHEAD, MAX_K,
-                                         ROWS, STAGE_ELEMS, LoopWeights, splits_for)
+from rlt.decode.persistent.plan import (CONSUMER_WARPS, HEAD_DIM, L2_AHEAD, MAX_K, ROWS, STAGE_ELEMS, V_EARLY,
+                                        LoopWeights, splits_for)
 
 HERE = Path(__file__).parent
 LOOP_SOURCE = HERE / "loop_kernel.cu"
@@ -191,20 +191,20 @@ def loop_args(model, lw: LoopWeights, bufs: dict[str, torch.Tensor], splits: int
 
 class CudaLoop:
     """The compiled loop kernel with its scratch buffers, for one model (bf16, one CTA per SM;
-    ``consumer_warps``: 4 or 8 consumer warps a CTA; ``l2_ahead``: stages the producer prefetches into L2 ahead
-    of its ring's loads, 0: none)."""
+    ``consumer_warps``: 4 or 8 consumer warps a CTA; ``l2_ahead``: stages of its next phase the producer
+    prefetches into L2 as it starts a phase, 0: none; ``v_early``: V rows of a key block loaded with its K rows)."""
 
     kind = "cuda"
 
     def __init__(self, model, lw: LoopWeights, stages: int = 12, ctas: int | None = None, nvrtc: str = "",
-                 consumer_warps: int = CONSUMER_WARPS, l2_ahead: int = L2_AHEAD) -> None:
+                 consumer_warps: int = CONSUMER_WARPS, l2_ahead: int = L2_AHEAD, v_early: int = V_EARLY) -> None:
         if consumer_warps not in (4, 8):
             raise ValueError(f"consumer_warps {consumer_warps}: the kernel splits a stage's 16 rows over 4 or 8 warps")
         dev = lw.packed.device
         self.model, self.lw = model, lw
         self.ctas = ctas or torch.cuda.get_device_properties(dev).multi_processor_count
         self.stages, self.threads = stages, 32 * (1 + consumer_warps)
-        defines = {"NSTAGES": stages, "CONSUMER_WARPS": consumer_warps, "L2_AHEAD": l2_ahead}
+        defines = {"NSTAGES": stages, "CONSUMER_WARPS": consumer_warps, "L2_AHEAD": l2_ahead, "V_EARLY": v_early}
         self.kernel = Kernel(build(LOOP_SOURCE, defines, nvrtc), loop_shared_bytes(stages, consumer_warps), "ouro_loop")
         self.splits = splits_for(model.cfg.num_attention_heads, self.ctas)
         #: layers a launch runs (all of the model's; a probe's diagnosis runs the first alone)

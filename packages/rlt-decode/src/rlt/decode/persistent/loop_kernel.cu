@@ -36,6 +36,9 @@
 #define PER_H (MAX_H / CONSUMERS)     // a consumer thread's elements of a hidden-sized vector
 #define PER_K (MAX_K / CONSUMERS)     // ... of the widest phase input
 #define STAMPS 16                     // phase-boundary stamps a layer (times)
+#ifndef L2_AHEAD
+#define L2_AHEAD 0                    // the producer's L2 prefetch of its next phase, in stages (module comment)
+#endif
 
 struct LoopArgs {
   const uint16_t* w;           // packed GEMV stages, all layers (phase_table() stages each)
@@ -161,6 +164,11 @@ __device__ __forceinline__ void rope_head(const float* src, const uint16_t* cosp
   }
 }
 
+// V rows of a key block loaded with its K rows (0..32; 0: all after the softmax, 16 at a time)
+#ifndef V_EARLY
+#define V_EARLY 0
+#endif
+
 // o[head] (bf16 values) from the head's split partials (acc, m, l), merged in split order
 __device__ __forceinline__ void merge_head(const LoopArgs& a, int head, int tid) {
   const int S = a.splits, D = HEAD_DIM;
@@ -213,6 +221,18 @@ __device__ void attention(const LoopArgs& a, int layer, float* sm, int cta, int 
       const int pos = b + lane;
       const bool valid = pos < p1;
       const bool fresh = pos == ctx;
+      // the block's cached keys (the new token, always the row's last position, is the last of its block)
+      const int n = min(32, p1 - b);
+      const int cached = (ctx >= b && ctx < b + n) ? ctx - b : n;
+#if V_EARLY
+      uint2 vearly[V_EARLY];  // the first V_EARLY keys' V rows, issued with the K loads (not after the softmax)
+#pragma unroll
+      for (int j = 0; j < V_EARLY; ++j) {
+        const long long oj = __shfl_sync(0xffffffffu, off, j);
+        const uint2 zero = {0u, 0u};
+        vearly[j] = j < cached ? __ldg(reinterpret_cast<const uint2*>(vbase + oj) + lane) : zero;
+      }
+#endif
       float s = -1.0e30f;
       if (valid) {  // lane-per-key: q . k over HEAD_DIM
         float d = 0.f;
@@ -244,12 +264,21 @@ __device__ void attention(const LoopArgs& a, int layer, float* sm, int cta, int 
       m_i = m_new;
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[r] *= alpha;
-      // acc += p_j * v_j, each lane its 4 dims: the block's cached keys, then the new token (always the row's
-      // last position, so the last of its block)
-      const int n = min(32, p1 - b);
-      const int cached = (ctx >= b && ctx < b + n) ? ctx - b : n;
+      // acc += p_j * v_j, each lane its 4 dims: the block's cached keys, then the new token
+#if V_EARLY
+#pragma unroll
+      for (int j = 0; j < V_EARLY; ++j) {
+        if (j < cached) {  // (cached: the same in every lane)
+          const float pj = __shfl_sync(0xffffffffu, p, j);
+          acc[0] += pj * bf16_lo(vearly[j].x);
+          acc[1] += pj * bf16_hi(vearly[j].x);
+          acc[2] += pj * bf16_lo(vearly[j].y);
+          acc[3] += pj * bf16_hi(vearly[j].y);
+        }
+      }
+#endif
 #pragma unroll 16
-      for (int j = 0; j < cached; ++j) {
+      for (int j = V_EARLY; j < cached; ++j) {
         const float pj = __shfl_sync(0xffffffffu, p, j);
         const long long oj = __shfl_sync(0xffffffffu, off, j);
         const uint2 vv = __ldg(reinterpret_cast<const uint2*>(vbase + oj) + lane);

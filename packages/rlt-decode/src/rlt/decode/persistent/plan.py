@@ -27,6 +27,8 @@ CONSUMERS = 32 * CONSUMER_WARPS
 THREADS = 32 + CONSUMERS
 #: stages the producer prefetches into L2 ahead of its ring (0: none; not yet measured, so off)
 L2_AHEAD = 0
+#: V rows of an attention key block loaded with its K rows (0: after the softmax; not yet measured, so 0)
+V_EARLY = 0
 HEAD_DIM = 128
 #: the loop kernel's phase stamps a layer (its `times`)
 STAMPS = 16
