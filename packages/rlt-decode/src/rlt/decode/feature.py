@@ -223,7 +223,8 @@ FEATURES = [
             install=_needs_static_buffers("graphs", "drop --no-static-buffers or add --no-graphs")),
     Feature(name="persistent_loop", package="rlt-decode",
             description="one-row decode steps run each loop as ONE persistent kernel (Ouro, bf16, NVIDIA compute "
-                        "capability 9.0+; needs static_buffers; off by default: not yet measured on a GPU)",
+                        "capability 9.0+; needs static_buffers; off by default: measured slower than the kernel-per-op "
+                        "graph so far, docs/decode.md)",
             requires=frozenset({Capability.GRAPH_CAPTURE}), options=PersistentLoopOptions,
             install=_needs_static_buffers("persistent_loop", "drop --no-static-buffers"), enabled_by_default=False),
     Feature(name="pipeline", package="rlt-decode",

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from rlt.decode.persistent.plan import (CONSUMER_WARPS, HEAD_DIM, L2_AHEAD, MAX_K, ROWS, STAGE_ELEMS, V_EARLY,
-                                        LoopWeights, splits_for)
+from rlt.decode.persistent.plan import (CONSUMER_WARPS, HEAD_DIM, L2_AHEAD, MAX_H, MAX_K, ROWS, STAGE_ELEMS, STAMPS,
+                                        V_EARLY, LoopWeights, splits_for)
 
 HERE = Path(__file__).parent
 LOOP_SOURCE = HERE / "loop_kernel.cu"
@@ -204,7 +204,9 @@ class CudaLoop:
         self.model, self.lw = model, lw
         self.ctas = ctas or torch.cuda.get_device_properties(dev).multi_processor_count
         self.stages, self.threads = stages, 32 * (1 + consumer_warps)
-        defines = {"NSTAGES": stages, "CONSUMER_WARPS": consumer_warps, "L2_AHEAD": l2_ahead, "V_EARLY": v_early}
+        # (the sizes check_model and loop_shared_bytes assume, so that the kernel cannot disagree with them)
+        defines = {"NSTAGES": stages, "CONSUMER_WARPS": consumer_warps, "L2_AHEAD": l2_ahead, "V_EARLY": v_early,
+                   "MAX_H": MAX_H, "MAX_K": MAX_K, "STAMPS": STAMPS}
         self.kernel = Kernel(build(LOOP_SOURCE, defines, nvrtc), loop_shared_bytes(stages, consumer_warps), "ouro_loop")
         self.splits = splits_for(model.cfg.num_attention_heads, self.ctas)
         #: layers a launch runs (all of the model's; a probe's diagnosis runs the first alone)

@@ -32,10 +32,14 @@
 #include "persistent.cuh"
 
 #define HEAD_DIM 128
+#ifndef MAX_H                         // (cuda.CudaLoop passes plan.MAX_H, plan.STAMPS)
 #define MAX_H 2048                    // the widest hidden size (Ouro-1.4B / 2.6B: 2048)
+#endif
 #define PER_H (MAX_H / CONSUMERS)     // a consumer thread's elements of a hidden-sized vector
 #define PER_K (MAX_K / CONSUMERS)     // ... of the widest phase input
+#ifndef STAMPS
 #define STAMPS 16                     // phase-boundary stamps a layer (times)
+#endif
 #ifndef L2_AHEAD
 #define L2_AHEAD 0                    // the producer's L2 prefetch of its next phase, in stages (module comment)
 #endif

@@ -23,7 +23,9 @@ typedef unsigned long long uint64_t;
 #endif
 #define CONSUMERS (CONSUMER_WARPS * 32)
 #define ROWS_PER_WARP (ROWS / CONSUMER_WARPS)
+#ifndef MAX_K  // (cuda.CudaLoop passes plan.MAX_K)
 #define MAX_K 6144  // the widest input vector (Ouro-1.4B: I = 5632)
+#endif
 #ifndef RLT_CPU_SIM
 #define DYNAMIC_SHARED(name) extern __shared__ __align__(128) unsigned char name[]
 #endif
